@@ -1,0 +1,1 @@
+"""Installed as hft_infer.configs."""

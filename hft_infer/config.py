@@ -1,0 +1,398 @@
+"""Typed, frozen configuration.
+
+One msgspec Struct per component, `forbid_unknown_fields` so a misspelled key
+fails at start, constrained types, units in field names. `load_config`
+parses TOML with the standard library (for line numbers on syntax errors),
+applies `--set section.key=value` overrides, then converts with msgspec, which
+names the offending field's path. Every user error surfaces as `ConfigError`
+with a one-line message; the CLI prints it and exits 2.
+
+Endpoints may contain `{runtime_dir}` (see `runtime_dir()`) and `{name}`
+(service.name), so that shard instances and parallel test runs get their own
+ipc sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+PosInt = Annotated[int, Meta(gt=0)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+class ConfigError(ValueError):
+    """A configuration the service cannot run with; the message is one line."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ServiceConfig(_Section):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = "hft-infer"
+    """Instance name: used in `{name}` endpoint templates, logs and the systemd unit."""
+    run_dir: str = ""
+    """Where `serve` writes its summary JSON and histograms; empty = ./runs/<name>-<time>."""
+    drain_timeout_ms: PosInt = 2000
+    """On SIGTERM: how long to keep stepping pending requests before giving up."""
+
+
+class IngestConfig(_Section):
+    endpoint: str = "ipc://{runtime_dir}/{name}-md.sock"
+    """Market-data endpoint (ipc://, tcp://127.0.0.1:PORT; others need security.allow_remote)."""
+    socket_type: Literal["sub", "pull"] = "sub"
+    """sub: topic-filtered subscriber to a PUB feed; pull: fan-in from PUSH publishers."""
+    bind: bool = False
+    """False: connect to the feed's PUB/PUSH (usual). True: bind and let publishers connect."""
+    topic_frame: bool = True
+    """Messages are preceded by a 4-byte big-endian instrument-id topic frame."""
+    rcv_hwm: NonNegInt = 100_000
+    """ZMQ_RCVHWM in messages (0 = unlimited)."""
+    max_frame_bytes: Annotated[int, Meta(ge=64, le=1 << 20)] = 4096
+    """Frames larger than this are rejected as OVERSIZED before decoding."""
+    max_msg_size_bytes: Annotated[int, Meta(ge=-1)] = 65536
+    """ZMQ_MAXMSGSIZE: libzmq disconnects a peer that sends a larger message (-1 = off)."""
+    max_levels: Annotated[int, Meta(ge=1, le=256)] = 64
+    """Largest n_levels accepted on the wire (the model uses its own first levels)."""
+    poll_mode: Literal["busy", "hybrid", "event"] = "hybrid"
+    """busy: spin on the socket; hybrid: spin for spin_budget_us then wait on the FD; event: FD only."""
+    spin_budget_us: NonNegInt = 200
+    """hybrid: how long to spin on an idle socket before blocking on its FD."""
+    yield_interval_us: PosInt = 1000
+    """busy/hybrid: longest stretch of spinning between yields to the event loop (timers, signals)."""
+    max_drain: PosInt = 256
+    """Most frames read in one ingest phase before the loop steps the model."""
+
+
+class EgressConfig(_Section):
+    endpoint: str = "ipc://{runtime_dir}/{name}-decisions.sock"
+    """Where decisions (and Status) are published."""
+    bind: bool = True
+    """True: bind (clients connect to us); False: connect to a forwarder."""
+    topic_frame: bool = True
+    """Decisions are preceded by the instrument's topic frame (Status by 0xFFFFFFFF)."""
+    snd_hwm: NonNegInt = 100_000
+    """ZMQ_SNDHWM per subscriber; a send that meets a full pipe is dropped and counted."""
+    publish_shed: bool = True
+    """Answer shed requests with a Decision of status SHED (otherwise only counted)."""
+    publish_rejected: bool = True
+    """Answer rejected events whose instrument and seq are known with status REJECTED."""
+    status_interval_ms: PosInt = 1000
+    """How often a Status message with the counters goes out on the decision socket."""
+
+
+class UniverseConfig(_Section):
+    instruments: PosInt = 64
+    """Instrument ids 0..instruments-1 (ignored when `ids` is given)."""
+    ids: list[Annotated[int, Meta(ge=0, le=0xFFFFFFFE)]] = []
+    """Explicit instrument ids; their order fixes the feature-store slots."""
+    shard_index: NonNegInt = 0
+    """This instance's shard (see shard_count); `serve --shard I/N` sets both."""
+    shard_count: PosInt = 1
+    """Serve only ids with position % shard_count == shard_index (topic-filtered)."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError("`ids` contains duplicates")
+        if self.shard_index >= self.shard_count:
+            raise ValueError("`shard_index` must be < `shard_count`")
+
+    def all_ids(self) -> list[int]:
+        return list(self.ids) if self.ids else list(range(self.instruments))
+
+    def owned_ids(self) -> list[int]:
+        ids = self.all_ids()
+        return [i for pos, i in enumerate(ids) if pos % self.shard_count == self.shard_index]
+
+
+class ModelConfig(_Section):
+    checkpoint: str = "builtin:default"
+    """A .safetensors checkpoint, a torch state_dict (.pt, needs `preset`), 'builtin:NAME', or '' for `preset` with seeded random weights."""
+    preset: str = ""
+    """Model preset (mlp_small, lstm_a, lstm_b, lstm_c) when the checkpoint does not carry its config."""
+    mode: Literal["window", "stream"] = "window"
+    """LSTM only. window: each decision sees the last W rows; stream: one recurrent step per event."""
+    window_method: Literal["incremental", "recompute"] = "incremental"
+    """LSTM window mode: exact incremental open-window states (default) or recompute the window."""
+    seed: int = 0
+    """Seed for random weights when no checkpoint is given."""
+
+
+class DecisionConfig(_Section):
+    threshold: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.2
+    """|score| above this gives action +-1 (score in [-1, 1])."""
+    hysteresis: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    """Once long/short, stay until the score crosses threshold - hysteresis the other way."""
+
+
+class SchedulerConfig(_Section):
+    classes: Annotated[int, Meta(ge=1, le=16)] = 4
+    """Number of priority classes; 0 is the most urgent."""
+    default_class: NonNegInt = 2
+    """Class of an event that no rule below assigns."""
+    class_by_kind: dict[Literal["quote", "trade"], NonNegInt] = {}
+    """Class per message kind (overrides default_class)."""
+    class_by_instrument: dict[str, NonNegInt] = {}
+    """Class per instrument id (TOML keys are strings: { "7" = 0 }); overrides class_by_kind."""
+    honour_message_priority: bool = True
+    """A message's own `priority` field (>= 0) overrides the configured class."""
+    aging_us: Annotated[float, Meta(gt=0)] = 200.0
+    """Waiting this long improves a request's effective priority by one class."""
+    max_age_us: PosInt = 5000
+    """Requests older than this (receive -> pick) are shed, answered with status SHED."""
+    conflate: Literal["auto", "on", "off"] = "auto"
+    """One pending request per instrument (window models that read the ring). auto: on where the model allows."""
+    policy: Literal["greedy", "window", "adaptive"] = "greedy"
+    """greedy: step whatever is pending now; window: wait up to max_wait_us for a full batch; adaptive: tune the wait against latency_objective_us."""
+    max_batch: Annotated[int, Meta(ge=1, le=4096)] = 64
+    """Most requests in one model step."""
+    max_wait_us: NonNegInt = 50
+    """window: longest wait for a fuller batch; adaptive: upper bound of the wait."""
+    latency_objective_us: PosInt = 500
+    """adaptive: target p99 of queue + step."""
+    capacity: Annotated[int, Meta(ge=16)] = 65536
+    """Request slots; an event arriving with none free is shed (QUEUE_FULL)."""
+    max_pending_per_instrument: Annotated[int, Meta(ge=1)] = 64
+    """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL)."""
+
+    def __post_init__(self) -> None:
+        if self.default_class >= self.classes:
+            raise ValueError("`default_class` must be < `classes`")
+        for table in (self.class_by_kind, self.class_by_instrument):
+            for key, cls in table.items():
+                if cls >= self.classes:
+                    raise ValueError(f"class {cls} for {key!r} must be < `classes` ({self.classes})")
+        for key in self.class_by_instrument:
+            if not key.isdigit():
+                raise ValueError(f"`class_by_instrument` key {key!r} is not an instrument id")
+
+
+class RunnerConfig(_Section):
+    engine: Literal["auto", "eager", "graph", "persistent"] = "auto"
+    """auto: persistent where it works, else graph, else eager (the CPU path)."""
+    device: str = "auto"
+    """auto (cuda:0 when available, else cpu), cpu, cuda, cuda:N."""
+    buckets: list[PosInt] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    """Batch-size buckets: a batch is padded to the next bucket (one CUDA graph each on a GPU)."""
+    torch_threads: PosInt = 1
+    """intra-op threads for the CPU engine (1: the hot loop owns its core)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weight precision of the GPU kernels (accumulation is always float32)."""
+    check_graph_addresses: bool = False
+    """Debug: verify before every replay that graph inputs have not moved."""
+    watchdog_ms: PosInt = 1000
+    """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
+
+    @property
+    def max_bucket(self) -> int:
+        return max(self.buckets)
+
+    def __post_init__(self) -> None:
+        if not self.buckets or sorted(set(self.buckets)) != list(self.buckets):
+            raise ValueError("`buckets` must be a non-empty strictly increasing list")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"`device` {self.device!r} is not auto, cpu, cuda or cuda:N")
+
+
+class MetricsConfig(_Section):
+    stats_interval_ms: PosInt = 1000
+    """Housekeeping period: fold raw samples into HDR histograms, ship them, refresh clocks."""
+    sample_capacity: Annotated[int, Meta(ge=1024)] = 65536
+    """Raw samples buffered per stage between folds (folded early when full)."""
+    highest_trackable_us: PosInt = 60_000_000
+    """Largest latency the histograms resolve (larger values are clamped to it)."""
+    significant_digits: Annotated[int, Meta(ge=1, le=5)] = 3
+    """HDR precision (3: values within 0.1 %)."""
+    control_endpoint: str = "ipc://{runtime_dir}/{name}-control.sock"
+    """Where the hot loop ships interval histograms and counters (PUSH, NOBLOCK)."""
+
+
+class ControlConfig(_Section):
+    enabled: bool = True
+    """`serve` starts the control process (dashboard, /metrics, HDR logs)."""
+    host: str = "127.0.0.1"
+    """Dashboard bind address; non-loopback needs security.allow_remote."""
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8321
+    """Dashboard and /metrics port (0 = pick a free one and log it)."""
+    hlog: bool = True
+    """Write HDR interval logs (.hlog) into the run directory."""
+
+
+class CpuConfig(_Section):
+    cores: list[NonNegInt] | Literal["auto", "none"] = "none"
+    """Cores for the hot thread: a list, auto (isolated cores on the GPU's NUMA node), or none."""
+    strict: bool = False
+    """Refused placement requests are fatal instead of warnings."""
+    rt_priority: Annotated[int, Meta(ge=0, le=99)] = 0
+    """SCHED_FIFO priority of the hot thread (0 = leave the default policy)."""
+    mlockall: bool = False
+    """Lock all current and future memory (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity)."""
+    gc_freeze: bool = True
+    """gc.freeze() after warm-up and no automatic collection in the loop (collected in housekeeping)."""
+
+
+class SecurityConfig(_Section):
+    allow_remote: bool = False
+    """Permit non-loopback tcp endpoints without CURVE keys (explicit opt-out)."""
+    curve_server_secret: str = ""
+    """Path to this service's CURVE secret key file; enables CURVE on non-loopback endpoints."""
+    curve_authorized_dir: str = ""
+    """Directory of client public keys admitted by the ZAP authenticator."""
+    curve_feed_public: str = ""
+    """Path to the feed publisher's public key (for a connecting ingest socket)."""
+
+
+class Config(_Section):
+    service: ServiceConfig = ServiceConfig()
+    ingest: IngestConfig = IngestConfig()
+    egress: EgressConfig = EgressConfig()
+    universe: UniverseConfig = UniverseConfig()
+    model: ModelConfig = ModelConfig()
+    decision: DecisionConfig = DecisionConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    runner: RunnerConfig = RunnerConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    control: ControlConfig = ControlConfig()
+    cpu: CpuConfig = CpuConfig()
+    security: SecurityConfig = SecurityConfig()
+
+    def __post_init__(self) -> None:
+        if self.runner.max_bucket < self.scheduler.max_batch:
+            raise ValueError(
+                f"runner.buckets top out at {self.runner.max_bucket} < scheduler.max_batch "
+                f"{self.scheduler.max_batch}"
+            )
+
+
+def runtime_dir() -> str:
+    """Directory for ipc sockets: $HFT_INFER_RUNTIME_DIR, systemd's $RUNTIME_DIRECTORY,
+    $XDG_RUNTIME_DIR/hft-infer, else <tmp>/hft-infer-<uid>. Created 0700 if missing."""
+    path = os.environ.get("HFT_INFER_RUNTIME_DIR") or os.environ.get("RUNTIME_DIRECTORY")
+    if not path:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        path = os.path.join(xdg, "hft-infer") if xdg else os.path.join(
+            tempfile.gettempdir(), f"hft-infer-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def expand_endpoint(template: str, cfg: Config) -> str:
+    """Fill `{runtime_dir}` and `{name}` in an endpoint template."""
+    if "{" not in template:
+        return template
+    return template.format(runtime_dir=runtime_dir(), name=cfg.service.name)
+
+
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?(.*)`)?$")
+_AT = re.compile(r"^(.*) - at `\$\.?(.*)`$")
+
+
+def _one_line(source: str, err: Exception) -> str:
+    msg = str(err).replace("\n", " ")
+    m = _UNKNOWN.match(msg)
+    if m:
+        path = f"{m.group(2)}.{m.group(1)}" if m.group(2) else m.group(1)
+        return f"{source}: {path}: unknown field"
+    m = _AT.match(msg)
+    if m:
+        path = m.group(2) or "(top level)"
+        return f"{source}: {path}: {m.group(1)}"
+    return f"{source}: {msg}"
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare strings need no quotes on the command line
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = _parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part} is not a section")
+        node[path[-1]] = value
+    return raw
+
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def read_config_text(path: str | None) -> tuple[str, str]:
+    """(source name, TOML text) of a config path, `builtin:NAME`, or None for the default."""
+    if path is None or path.startswith(BUILTIN_PREFIX):
+        name = path[len(BUILTIN_PREFIX):] if path else "default"
+        try:
+            text = resources.files("hft_infer.configs").joinpath(f"{name}.toml").read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"no built-in config {name!r}") from None
+        return f"builtin:{name}", text
+    try:
+        return path, Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load, override and validate a config; raises ConfigError with a one-line message."""
+    source, text = read_config_text(path)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: TOML syntax: {e}") from None
+    raw = apply_overrides(raw, list(overrides))
+    try:
+        return msgspec.convert(raw, type=Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_one_line(source, e)) from None
+
+
+def to_toml_dict(cfg: Config) -> dict:
+    """Plain dict of the resolved config (for printing and run summaries)."""
+    return msgspec.to_builtins(cfg)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) and not k.isdigit() else _toml_value(k)
+
+
+def dump_toml(cfg: Config) -> str:
+    """The resolved config as TOML (round-trips through load_config)."""
+    out = []
+    for section, values in to_toml_dict(cfg).items():
+        out.append(f"[{section}]")
+        out.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items())
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,40 @@
+"""Shared fixtures. ipc paths must stay under ~100 bytes, so socket dirs are
+short mkdtemp dirs under /tmp rather than pytest's deep tmp_path."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+import zmq
+
+
+@pytest.fixture
+def sock_dir():
+    path = tempfile.mkdtemp(prefix="hft-t-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip cleanly on machines without CUDA."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - torch missing or broken: no GPU either way
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,141 @@
+"""Real ZeroMQ sockets over ipc and tcp loopback: framing, filtering, safety checks."""
+
+from __future__ import annotations
+
+import os
+import socket as pysocket
+
+import numpy as np
+import pytest
+import zmq
+
+from hft_infer.transport.codec import IngressDecoder, encode, pack_book, topic_for
+from hft_infer.transport.schema import Quote
+from hft_infer.transport.sockets import (
+    EndpointError,
+    check_endpoint,
+    is_local_endpoint,
+    open_egress,
+    open_ingest,
+    open_publisher,
+    open_subscriber,
+)
+
+
+def _quote(inst, seq):
+    return encode(Quote(inst, seq, 0, 0, 1, pack_book(np.ones((1, 4), np.float32))))
+
+
+def _recv_all(sock, timeout_ms=500):
+    out = []
+    while sock.poll(timeout_ms):
+        out.append(sock.recv_multipart())
+        timeout_ms = 100
+    return out
+
+
+def _endpoints(sock_dir):
+    return [f"ipc://{sock_dir}/feed.sock", "tcp://127.0.0.1:0"]
+
+
+@pytest.mark.parametrize("kind", ["ipc", "tcp"])
+def test_pub_sub_topic_filtering(zctx, sock_dir, kind):
+    endpoint = f"ipc://{sock_dir}/feed.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
+    pub, resolved = open_publisher(zctx, endpoint)
+    sub, _ = open_ingest(zctx, resolved, topics=[topic_for(2), topic_for(5)])
+    # slow-joiner: publish until the subscription has propagated
+    for _ in range(200):
+        pub.send_multipart([topic_for(2), _quote(2, 0)])
+        if sub.poll(10):
+            break
+    _recv_all(sub, 200)
+    for seq in range(1, 11):
+        for inst in range(8):
+            pub.send_multipart([topic_for(inst), _quote(inst, seq)])
+    got = _recv_all(sub)
+    dec = IngressDecoder().decode
+    seen = [(dec(m[1]).instrument, dec(m[1]).seq) for m in got]
+    assert sorted(seen) == sorted((i, s) for i in (2, 5) for s in range(1, 11))
+    assert all(m[0] == topic_for(dec(m[1]).instrument) for m in got)
+
+
+@pytest.mark.parametrize("kind", ["ipc", "tcp"])
+def test_push_pull_round_trip(zctx, sock_dir, kind):
+    endpoint = f"ipc://{sock_dir}/pull.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
+    pull, resolved = open_ingest(zctx, endpoint, socket_type="pull", bind_socket=True)
+    push, _ = open_publisher(zctx, resolved, socket_type="push", bind_socket=False)
+    frames = [_quote(1, s) for s in range(100)]
+    for f in frames:
+        push.send(f)
+    got = [m[0] for m in _recv_all(pull)]
+    assert got == frames
+
+
+def test_oversized_message_never_reaches_the_reader(zctx, sock_dir):
+    pull, ep = open_ingest(zctx, f"ipc://{sock_dir}/big.sock", socket_type="pull", bind_socket=True,
+                           max_msg_size=1024)
+    push, _ = open_publisher(zctx, ep, socket_type="push", bind_socket=False)
+    push.send(b"x" * 5000)
+    assert not pull.poll(300)
+
+
+def test_egress_counts_a_full_subscriber_instead_of_blocking(zctx, sock_dir):
+    pub, ep = open_egress(zctx, f"ipc://{sock_dir}/dec.sock", snd_hwm=10)
+    sub = open_subscriber(zctx, ep)
+    sub.setsockopt(zmq.RCVHWM, 10)
+    pub.poll(1000)  # XPUB sees the subscription
+    pub.recv()
+    dropped = 0
+    for i in range(5000):
+        try:
+            pub.send(b"%d" % i, zmq.NOBLOCK)
+        except zmq.Again:
+            dropped += 1
+    assert dropped > 0  # the subscriber never reads: drops are visible, the loop never blocked
+
+
+@pytest.mark.parametrize("endpoint, local", [
+    ("ipc:///tmp/x.sock", True), ("inproc://x", True), ("tcp://127.0.0.1:5555", True),
+    ("tcp://127.1.2.3:1", True), ("tcp://localhost:5555", True), ("tcp://[::1]:5555", True),
+    ("tcp://*:5555", False), ("tcp://0.0.0.0:5555", False), ("tcp://10.0.0.5:5555", False),
+    ("tcp://eth0:5555", False), ("tcp://127.0.0.1;10.0.0.5:5555", False), ("epgm://eth0;239.1.1.1:5555", False),
+])
+def test_endpoint_locality(endpoint, local):
+    assert is_local_endpoint(endpoint) is local
+
+
+def test_remote_endpoints_are_refused_unless_allowed(zctx):
+    with pytest.raises(EndpointError, match="allow_remote"):
+        open_egress(zctx, "tcp://0.0.0.0:0")
+    check_endpoint("tcp://0.0.0.0:0", allow_remote=True)
+    with pytest.raises(EndpointError, match="no scheme"):
+        check_endpoint("127.0.0.1:5555", allow_remote=False)
+
+
+def test_busy_ipc_path_is_a_clear_error(zctx, sock_dir):
+    ep = f"ipc://{sock_dir}/busy.sock"
+    first, _ = open_egress(zctx, ep)
+    with pytest.raises(EndpointError, match="another process is serving"):
+        open_egress(zctx, ep)
+    first.close(0)
+
+
+def test_stale_ipc_file_is_reclaimed(zctx, sock_dir):
+    path = os.path.join(sock_dir, "stale.sock")
+    s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    s.bind(path)
+    s.close()  # file left behind, nobody listening
+    sock, _ = open_egress(zctx, f"ipc://{path}")
+    sock.close(0)
+
+
+def test_busy_tcp_port_is_a_clear_error(zctx):
+    first, ep = open_egress(zctx, "tcp://127.0.0.1:0")
+    with pytest.raises(EndpointError, match="already in use"):
+        open_egress(zctx, ep)
+    first.close(0)
+
+
+def test_missing_ipc_directory_is_a_clear_error(zctx, sock_dir):
+    with pytest.raises(EndpointError, match="does not exist"):
+        open_egress(zctx, f"ipc://{sock_dir}/nope/x.sock")

@@ -1,0 +1,80 @@
+"""Typed config: defaults load, every shipped config validates, errors name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hft_infer.config import ConfigError, dump_toml, expand_endpoint, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (ROOT / "configs").glob("*.toml")))
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.scheduler.max_batch <= cfg.runner.max_bucket
+
+
+def test_embedded_default_equals_repo_default():
+    assert load_config(None) == load_config(str(ROOT / "configs" / "default.toml"))
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(None, ["scheduler.class_by_instrument={ \"7\" = 0 }", "universe.ids=[5, 9, 11]"])
+    f = tmp_path / "c.toml"
+    f.write_text(dump_toml(cfg))
+    assert load_config(str(f)) == cfg
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("scheduler.max_wiat_us=3", "scheduler.max_wiat_us: unknown field"),
+    ("schedulr.policy=\"greedy\"", "schedulr: unknown field"),
+    ("scheduler.max_age_us=-1", "scheduler.max_age_us"),
+    ("scheduler.policy=fastest", "scheduler.policy"),
+    ("ingest.poll_mode=spin", "ingest.poll_mode"),
+    ("runner.buckets=[4, 2]", "runner"),
+    ("runner.device=\"tpu\"", "runner"),
+    ("cpu.cores=[0, -3]", "cpu.cores[1]"),
+    ("universe.shard_index=3", "universe"),
+    ("scheduler.default_class=7", "default_class"),
+    ("service.name=\"has space\"", "service.name"),
+])
+def test_errors_name_the_field(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    msg = str(e.value)
+    assert fragment in msg and "\n" not in msg
+
+
+def test_toml_syntax_error_has_line(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("[ingest]\npoll_mode = \n")
+    with pytest.raises(ConfigError, match=r"line 2"):
+        load_config(str(f))
+
+
+def test_missing_file_and_unknown_builtin():
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config("/nonexistent/x.toml")
+    with pytest.raises(ConfigError, match="no built-in config"):
+        load_config("builtin:nope")
+
+
+def test_bare_string_override_and_typed_override():
+    cfg = load_config(None, ["scheduler.policy=window", "scheduler.max_wait_us=75"])
+    assert cfg.scheduler.policy == "window" and cfg.scheduler.max_wait_us == 75
+
+
+def test_endpoint_templates(monkeypatch, tmp_path):
+    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
+    cfg = load_config(None, ["service.name=shard-1"])
+    assert expand_endpoint(cfg.ingest.endpoint, cfg) == f"ipc://{tmp_path}/shard-1-md.sock"
+
+
+def test_sharding_partitions_the_universe():
+    owned = [load_config(None, [f"universe.shard_index={i}", "universe.shard_count=3"]).universe.owned_ids()
+             for i in range(3)]
+    assert sorted(sum(owned, [])) == list(range(64))
+    assert all(set(a).isdisjoint(b) for a in owned for b in owned if a is not b)

@@ -1,0 +1,56 @@
+"""A client written from README.md alone, with the `msgpack` package (not msgspec).
+
+If this fails, either the README or the schema changed without the other.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+from hft_infer.transport.codec import EgressDecoder, IngressDecoder, ReusableEncoder, book_array
+from hft_infer.transport.schema import Decision, Quote, Status, Trade
+
+
+def readme_quote(instrument, seq, ts_exchange_ns, ts_send_ns, levels, priority=None):
+    """As the README says: array [1, instrument, seq, ts_ex, ts_send, n_levels, bin(book), priority?];
+    book = per level bid_px, bid_size, ask_px, ask_size as little-endian float32."""
+    book = b"".join(struct.pack("<4f", *lvl) for lvl in levels)
+    fields = [1, instrument, seq, ts_exchange_ns, ts_send_ns, len(levels), book]
+    if priority is not None:
+        fields.append(priority)
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+def test_readme_example_bytes():
+    frame = readme_quote(7, 42, 0, 0, [(100.0, 10.0, 100.55, 5.0)])
+    assert frame.hex(" ") == ("97 01 07 2a 00 00 01 c4 10 00 00 c8 42 00 00 20 41 "
+                              "9a 19 c9 42 00 00 a0 40")
+
+
+def test_msgpack_quote_decodes():
+    levels = [(100.0, 10.0, 100.5, 5.0), (99.5, 20.0, 101.0, 7.5), (99.0, 1.0, 101.5, 2.0)]
+    frame = readme_quote(11, 123456, 1_700_000_000_000_000_000, 1_700_000_000_000_000_500, levels, priority=0)
+    msg = IngressDecoder().decode(frame)
+    assert isinstance(msg, Quote)
+    assert (msg.instrument, msg.seq, msg.n_levels, msg.priority) == (11, 123456, 3, 0)
+    assert msg.ts_exchange_ns == 1_700_000_000_000_000_000
+    assert book_array(msg).reshape(3, 4).tolist() == [list(lv) for lv in levels]
+
+
+def test_msgpack_trade_with_float32_and_int_encodings():
+    frame = msgpack.packb([2, 3, 9, 0, 0, 101.25, 4, -1], use_bin_type=True, use_single_float=True)
+    msg = IngressDecoder().decode(frame)
+    assert isinstance(msg, Trade) and (msg.price, msg.size, msg.side) == (101.25, 4.0, -1)
+
+
+def test_msgpack_client_reads_decisions_and_status():
+    enc = ReusableEncoder()
+    d = Decision(11, 123456, 0, 0, 1, 0.5, 3, 10, 20, 30, "m@1")
+    fields = msgpack.unpackb(bytes(enc.encode(d)))
+    assert fields == [16, 11, 123456, 0, 0, 1, 0.5, 3, 10, 20, 30, "m@1"]
+    s = Status(5, 100, 90, 4, 3, 3, 0, 1, 2, [0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0], True, "eager", "m@1")
+    f = msgpack.unpackb(bytes(enc.encode(s)))
+    assert f[0] == 17 and f[2:10] == [100, 90, 4, 3, 3, 0, 1, 2] and f[11] is True
+    assert EgressDecoder().decode(msgpack.packb(f)) == s

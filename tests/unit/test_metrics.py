@@ -1,0 +1,78 @@
+"""Bulk HDR folding is bit-identical to record_value, and the sparse wire form adds up."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hft_infer.metrics import (
+    SampleBuffer,
+    StageHistograms,
+    add_sparse,
+    counts_index,
+    from_wire,
+    new_histogram,
+    record_array,
+    summarize,
+    to_wire,
+)
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([
+        rng.integers(0, 5000, 2000),  # sub-bucket range, exact
+        rng.lognormal(9, 2.5, 5000).astype(np.int64),  # heavy tail
+        np.array([1, 2047, 2048, 2049, 2**31, 2**35 + 12345, 59_999_999_999]),
+    ])
+
+
+def test_bulk_fold_equals_record_value():
+    vals = _values()
+    bulk, ref = new_histogram(), new_histogram()
+    record_array(bulk, vals)
+    for v in vals:
+        ref.record_value(int(v))
+    assert np.array_equal(np.ctypeslib.as_array(bulk.counts), np.ctypeslib.as_array(ref.counts))
+    assert (bulk.total_count, bulk.min_value, bulk.max_value) == (ref.total_count, ref.min_value, ref.max_value)
+    assert summarize(bulk) == summarize(ref)
+
+
+def test_counts_index_matches_reference_per_value():
+    h = new_histogram()
+    vals = _values(3)
+    assert [h._counts_index_for(int(v)) for v in vals] == counts_index(h, vals).tolist()
+
+
+def test_out_of_range_values_are_clamped_not_lost():
+    h = new_histogram(highest_ns=1_000_000)
+    record_array(h, np.array([-5, 10, 5_000_000]))
+    assert h.total_count == 3 and h.get_max_value() >= 1_000_000 * 0.999
+
+
+def test_sparse_wire_form_reconstructs_histogram():
+    h = new_histogram()
+    sparse = record_array(h, _values(5))
+    rebuilt = new_histogram()
+    add_sparse(rebuilt, from_wire(to_wire(sparse)))
+    assert np.array_equal(np.ctypeslib.as_array(rebuilt.counts), np.ctypeslib.as_array(h.counts))
+    assert summarize(rebuilt) == summarize(h)
+
+
+def test_sample_buffer_caps_and_resets():
+    b = SampleBuffer(4)
+    for v in range(6):
+        b.add(v)
+    assert b.full and b.take().tolist() == [0, 1, 2, 3]
+    assert b.n == 0 and not b.full
+
+
+def test_stage_histograms_fold_accumulates():
+    st = StageHistograms(("a", "b"), capacity=1024)
+    st.buffers["a"].add_many(np.arange(1, 101))
+    interval = st.fold()
+    assert set(interval) == {"a"} and interval["a"].total == 100
+    st.buffers["a"].add_many(np.arange(1, 51))
+    st.fold()
+    s = st.summary()
+    assert s["a"]["count"] == 150 and s["b"]["count"] == 0
+    assert s["a"]["max_us"] == 0.1

@@ -1,0 +1,138 @@
+"""Wire schema: every message that crosses a ZeroMQ socket.
+
+msgpack via msgspec. Each message is a msgpack *array* whose first element is
+a small integer tag, followed by the fields in declaration order
+(``array_like=True``): ``[1, instrument, seq, ts_exchange_ns, ...]``. Trailing
+fields that have defaults may be omitted by the sender. README.md documents
+every field with byte-level notes so that clients in any language can speak
+this without reading our code; keep the two in step.
+
+The order-book levels of a ``Quote`` travel as one msgpack ``bin`` holding
+packed little-endian float32 values, four per level in the order
+``bid_px, bid_size, ask_px, ask_size``. The service decodes that field as a
+``memoryview`` into the receive buffer and reads it with ``numpy.frombuffer``:
+no Python float is ever made per level.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+# Tags are part of the wire format: never renumber.
+TAG_QUOTE = 1
+TAG_TRADE = 2
+TAG_HEARTBEAT = 3
+TAG_DECISION = 16
+TAG_STATUS = 17
+
+# Floats per book level in the packed block, and bytes per level.
+FIELDS_PER_LEVEL = 4
+BYTES_PER_LEVEL = FIELDS_PER_LEVEL * 4
+
+# Topic frames are 4-byte big-endian instrument ids, so a SUB prefix filter
+# on them is an exact match. Service-level messages (Status) use this topic.
+SERVICE_TOPIC_ID = 0xFFFFFFFF
+NO_PRIORITY = -1
+
+
+class Kind(enum.IntEnum):
+    """Message kinds that are model events (used for per-kind priority)."""
+
+    QUOTE = 0
+    TRADE = 1
+
+
+class Outcome(enum.IntEnum):
+    """What happened to an event. Every received event ends in exactly one."""
+
+    DECIDED = 0
+    SHED = 1  # too old when its turn came (max_age_us), or queue overflow
+    REJECTED = 2  # bad input; `reason` says why
+    CONFLATED = 3  # superseded by a newer event of the same instrument (never sent)
+
+
+class Reason(enum.IntEnum):
+    """Why an event was rejected or shed. Stable numbers: they are on the wire."""
+
+    NONE = 0
+    DECODE_ERROR = 1  # not msgpack, wrong field types, wrong tag, truncated, trailing bytes
+    OVERSIZED = 2  # frame larger than ingest.max_frame_bytes
+    BAD_LEVELS = 3  # n_levels outside 1..max_levels, or block size != 16 * n_levels
+    NON_FINITE = 4  # NaN/inf, or a negative price/size, in the book or trade fields
+    UNKNOWN_INSTRUMENT = 5  # instrument id not in the configured universe
+    TOPIC_MISMATCH = 6  # topic frame names another instrument than the message
+    UNEXPECTED_KIND = 7  # a decodable message that is not an event (e.g. a Decision)
+    BAD_FRAMING = 8  # wrong number of frames for the configured topic framing
+    STALE = 9  # shed: older than scheduler.max_age_us when picked
+    QUEUE_FULL = 10  # shed: no free request slot (scheduler.capacity)
+    BAD_FIELD = 11  # a field outside its range (negative seq, side not +-1, bad priority)
+
+
+class Quote(msgspec.Struct, tag=TAG_QUOTE, array_like=True, frozen=True, gc=False):
+    instrument: int  # uint32 instrument id
+    seq: int  # per-instrument sequence number, increasing by 1 (gaps are counted)
+    ts_exchange_ns: int  # exchange timestamp, ns (any epoch; carried through)
+    ts_send_ns: int  # publisher's send time, CLOCK_REALTIME ns since the Unix epoch
+    n_levels: int  # number of book levels in `book`
+    book: memoryview  # bin: n_levels * 16 bytes, little-endian float32
+    priority: int = NO_PRIORITY  # optional scheduling class; -1 = use config
+
+
+class Trade(msgspec.Struct, tag=TAG_TRADE, array_like=True, frozen=True, gc=False):
+    instrument: int
+    seq: int
+    ts_exchange_ns: int
+    ts_send_ns: int
+    price: float  # float64 on the wire (msgpack float 64 or 32 both accepted)
+    size: float
+    side: int  # aggressor: +1 buyer, -1 seller
+    priority: int = NO_PRIORITY
+
+
+class Heartbeat(msgspec.Struct, tag=TAG_HEARTBEAT, array_like=True, frozen=True, gc=False):
+    """Publisher liveness; not a model event and not counted as one."""
+
+    ts_send_ns: int
+    source: str = ""
+
+
+class Decision(msgspec.Struct, tag=TAG_DECISION, array_like=True, frozen=True, gc=False):
+    instrument: int
+    seq: int  # sequence number of the event that triggered (or was shed/rejected)
+    status: int  # Outcome: 0 decided, 1 shed, 2 rejected
+    reason: int  # Reason (0 when decided)
+    action: int  # -1 sell, 0 flat, +1 buy (0 unless decided)
+    score: float  # model output (0.0 unless decided)
+    n_conflated: int  # earlier events of this instrument superseded by this trigger
+    ts_send_ns: int  # the event's ts_send_ns, echoed (0 when unknown)
+    ts_recv_ns: int  # service receive time, CLOCK_REALTIME ns
+    ts_decision_ns: int  # time the decision was encoded, CLOCK_REALTIME ns
+    model_version: str = ""
+
+
+class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=False):
+    """Service counters, sent on the decision socket every second and at exit.
+
+    `received = decided + shed + conflated + rejected + pending` at any time;
+    `pending` is 0 in the final Status (`final = True`).
+    """
+
+    ts_ns: int
+    received: int
+    decided: int
+    shed: int
+    conflated: int
+    rejected: int
+    pending: int
+    egress_dropped: int
+    seq_gaps: int
+    rejected_by_reason: list[int]  # indexed by Reason
+    final: bool = False
+    engine: str = ""
+    model_version: str = ""
+
+
+IngressMessage = Quote | Trade | Heartbeat
+EgressMessage = Decision | Status
