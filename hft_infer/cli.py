@@ -60,6 +60,23 @@ def _lazy(module: str, func: str):
     return run
 
 
+def _register(sub, name: str, module: str, add_args: str, func: str, help_text: str, issue: str) -> None:
+    """A subcommand whose arguments and body live in `module` (kept free of heavy
+    imports at module level so that building the parser stays fast)."""
+    import importlib
+
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is None or not module.startswith(e.name):
+            raise
+        p.set_defaults(func=_not_implemented(name, issue))
+        return
+    getattr(mod, add_args)(p)
+    p.set_defaults(func=getattr(mod, func))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hft_infer import __version__
 
@@ -96,18 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress display")
     p.set_defaults(func=_lazy("hft_infer.bench", "main"))
 
-    p = sub.add_parser("replay", help="replay recorded or synthetic market data through a running service")
-    p.set_defaults(func=_not_implemented("replay", "issue 7"))
-
-    p = sub.add_parser("record", help="record a live feed into a capture file")
-    p.set_defaults(func=_not_implemented("record", "issue 7"))
-
-    p = sub.add_parser("report", help="HTML/PNG latency report comparing runs")
-    p.set_defaults(func=_not_implemented("report", "issue 8"))
-
-    p = sub.add_parser("dashboard", help="run the control process (dashboard, /metrics) on its own")
-    p.set_defaults(func=_not_implemented("dashboard", "issue 8"))
-
+    _register(sub, "replay", "hft_infer.replay.cli", "add_replay_arguments", "replay_main",
+              "replay recorded or synthetic market data through a running service", "issue 7")
+    _register(sub, "record", "hft_infer.replay.cli", "add_record_arguments", "record_main",
+              "record a live feed into a capture file", "issue 7")
+    _register(sub, "report", "hft_infer.control.report", "add_arguments", "main",
+              "HTML/PNG latency report comparing runs", "issue 8")
+    _register(sub, "dashboard", "hft_infer.control.process", "add_arguments", "main",
+              "run the control process (dashboard, /metrics, HDR logs) on its own", "issue 8")
     p = sub.add_parser("check-config", help="validate a config and print it resolved",
                        description="Print the resolved config; a bad file gives one line naming the "
                                    "field and exit code 2.")
@@ -115,11 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.set_defaults(func=cmd_check_config)
 
-    p = sub.add_parser("systemd-unit", help="print a systemd unit for a config")
-    p.set_defaults(func=_not_implemented("systemd-unit", "issue 9"))
-
-    p = sub.add_parser("keys", help="CURVE key management")
-    p.set_defaults(func=_not_implemented("keys", "issue 9"))
+    _register(sub, "systemd-unit", "hft_infer.systemd", "add_arguments", "main",
+              "print a systemd unit for a config", "issue 9")
+    _register(sub, "keys", "hft_infer.security", "add_arguments", "main",
+              "CURVE key management (generate, show)", "issue 9")
     return parser
 
 

@@ -1,0 +1,73 @@
+"""What the hot loop ships to the control process, once per stats interval.
+
+Transport: the control process binds a PULL socket at
+`metrics.control_endpoint`; the hot loop connects a PUSH with ZMQ_IMMEDIATE
+and a small HWM and sends with NOBLOCK, so a slow, dead or restarting control
+process costs the hot loop one failed send (counted as
+`control_dropped`), never a wait. A restarted control process rebinds the same
+endpoint and the PUSH reconnects by itself.
+
+One `Snapshot` per interval. Latency stages travel as sparse HDR counts
+(`hft_infer.metrics.WireIntervalCounts`); the receiver adds them into its own
+interval and cumulative histograms (`metrics.add_sparse`). Counters are
+cumulative since the service started, so a dropped snapshot loses no counts.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from hft_infer.metrics import WireIntervalCounts
+
+# Cumulative counters in every snapshot (names are also the Prometheus names'
+# stems: hft_infer_<name>_total).
+COUNTERS = (
+    "received",  # events read from the feed (valid or not; heartbeats excluded)
+    "decided",
+    "shed",
+    "conflated",
+    "rejected",
+    "egress_dropped",  # decisions/status not sent: subscriber pipe full
+    "control_dropped",  # snapshots not sent to the control process
+    "seq_gaps",  # events missing according to per-instrument sequence numbers
+    "heartbeats",
+    "batches",
+)
+
+# Point-in-time gauges.
+GAUGES = (
+    "queue_depth",  # pending requests
+    "batch_wait_us",  # current batching wait (window/adaptive policies)
+    "last_batch_size",
+    "rss_bytes",
+)
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    service: str  # service.name
+    pid: int
+    ts_ns: int  # end of the interval, ns since the epoch
+    interval_ns: int  # length of the interval this snapshot covers
+    engine: str  # eager | graph | persistent
+    engine_reason: str  # why this engine (auto selection)
+    model_version: str
+    counters: dict[str, int]  # COUNTERS, cumulative
+    rejected_by_reason: dict[str, int]  # Reason name -> cumulative count (shed reasons too)
+    gauges: dict[str, float]  # GAUGES
+    stages: dict[str, WireIntervalCounts]  # stage -> this interval's sparse counts (absent = no samples)
+    histogram_highest_ns: int
+    histogram_digits: int
+    placement: dict[str, str] = {}  # CPU/NUMA placement decisions and refusals (issue 9)
+    final: bool = False  # last snapshot before exit
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Snapshot)
+
+
+def encode_snapshot(s: Snapshot) -> bytes:
+    return _encoder.encode(s)
+
+
+def decode_snapshot(b: bytes) -> Snapshot:
+    return _decoder.decode(b)
