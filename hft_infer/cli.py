@@ -153,4 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hft_infer.cli import main as _main  # one module object, so one UserError class
+
+    sys.exit(_main())

@@ -45,6 +45,10 @@ class ServiceConfig(_Section):
     """Where `serve` writes its summary JSON and histograms; empty = ./runs/<name>-<time>."""
     drain_timeout_ms: PosInt = 2000
     """On SIGTERM: how long to keep stepping pending requests before giving up."""
+    watchdog_s: NonNegInt = 10
+    """systemd WatchdogSec of generated units: a hot loop that sends no WATCHDOG=1 for this long is killed and restarted (0 = off)."""
+    start_timeout_s: PosInt = 300
+    """systemd TimeoutStartSec of generated units: warm-up, graph capture and a cold Triton compile must reach READY=1 within this."""
 
 
 class IngestConfig(_Section):
@@ -250,6 +254,8 @@ class SecurityConfig(_Section):
     """Directory of client public keys admitted by the ZAP authenticator."""
     curve_feed_public: str = ""
     """Path to the feed publisher's public key (for a connecting ingest socket)."""
+    curve_client_secret: str = ""
+    """This service's key pair as a CURVE client of the feed (empty = curve_server_secret)."""
 
 
 class Config(_Section):

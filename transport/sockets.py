@@ -119,6 +119,10 @@ def _apply_curve(sock: zmq.Socket, curve: CurveServer | CurveClient | None) -> N
     sock.curve_secretkey = curve.secret_key
     if isinstance(curve, CurveServer):
         sock.curve_server = True
+        # Fail closed: with a ZAP domain and enforcement, handshakes are refused when no
+        # ZAP authenticator runs (libzmq otherwise admits any client that knows our public key).
+        sock.zap_domain = b"hft-infer"
+        sock.zap_enforce_domain = True
     else:
         sock.curve_serverkey = curve.server_public_key
 

@@ -1,0 +1,265 @@
+"""Security policy: which endpoints get CURVE, the ZAP authenticator, key-file checks, `keys` CLI.
+
+Policy (DESIGN.md, Operations):
+- ipc:// and loopback tcp stay plain: file permissions (ipc) and the host
+  boundary protect them, and CURVE would add microseconds per message.
+- A non-loopback endpoint uses CURVE when keys are configured; without keys
+  it is refused unless `security.allow_remote = true` (explicit opt-out:
+  traffic in clear, anyone who can reach the port may connect).
+- This service has one key pair (`security.curve_server_secret`). It is the
+  CURVE server on the egress socket (whichever side binds: CURVE roles are
+  independent of bind/connect) and on a binding ingest socket; on a
+  connecting ingest socket it is the client of the feed
+  (`security.curve_feed_public`), and the feed must list its public key.
+- A CURVE server socket admits only the clients whose public keys are in
+  `security.curve_authorized_dir` (ZAP authenticator, transport.curve).
+- The dashboard binds loopback unless allow_remote; it serves nothing writable.
+
+Light at import (the CLI builds its parser from here): zmq and the config
+are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+from pathlib import Path
+
+
+def _config_error(msg: str) -> Exception:
+    from hft_infer.config import ConfigError
+
+    return ConfigError(msg)
+
+
+def _is_local(endpoint: str) -> bool:
+    from hft_infer.transport.sockets import EndpointError, is_local_endpoint
+
+    try:
+        return is_local_endpoint(endpoint)
+    except EndpointError as e:
+        raise _config_error(str(e)) from None
+
+
+def _load(what: str, loader, *paths):
+    from hft_infer.transport.curve import CurveKeyError
+
+    try:
+        return loader(*paths)
+    except CurveKeyError as e:
+        raise _config_error(f"{what}: {e}") from None
+
+
+def _client_secret(cfg) -> str:
+    # A separate client identity is optional (proposed field); default: the service's own key pair.
+    return getattr(cfg.security, "curve_client_secret", "") or cfg.security.curve_server_secret
+
+
+def curve_for_egress(cfg):
+    """CurveServer for the decision socket when its endpoint is non-loopback and keys are set;
+    None otherwise (the socket factory then refuses a remote endpoint unless allow_remote)."""
+    from hft_infer.transport.curve import load_server_keys
+
+    sec = cfg.security
+    if _is_local(cfg.egress.endpoint) or not sec.curve_server_secret:
+        return None
+    return _load("security.curve_server_secret", load_server_keys, sec.curve_server_secret)
+
+
+def curve_for_ingest(cfg):
+    """CURVE for the market-data socket on a non-loopback endpoint:
+    binding -> CurveServer (publishers connect as clients with our public key);
+    connecting -> CurveClient of the feed (needs security.curve_feed_public)."""
+    from hft_infer.transport.curve import load_client_keys, load_server_keys
+
+    sec = cfg.security
+    if _is_local(cfg.ingest.endpoint):
+        return None
+    if cfg.ingest.bind:
+        if not sec.curve_server_secret:
+            return None
+        return _load("security.curve_server_secret", load_server_keys, sec.curve_server_secret)
+    if not sec.curve_feed_public:
+        if sec.curve_server_secret and not sec.allow_remote:
+            raise _config_error(
+                f"ingest.endpoint {cfg.ingest.endpoint} is remote: set security.curve_feed_public "
+                "(the feed's public key) or security.allow_remote = true")
+        return None
+    secret = _client_secret(cfg)
+    if not secret:
+        raise _config_error("security.curve_feed_public needs security.curve_server_secret "
+                            "(this service's key pair, its identity towards the feed)")
+    return _load("security.curve_feed_public", load_client_keys, secret, sec.curve_feed_public)
+
+
+def _serves_curve(cfg) -> bool:
+    sec = cfg.security
+    if not sec.curve_server_secret:
+        return False
+    return (not _is_local(cfg.egress.endpoint)) or (cfg.ingest.bind and not _is_local(cfg.ingest.endpoint))
+
+
+def start_authenticator(ctx, cfg):
+    """Start the ZAP authenticator on `ctx` when this config makes any CURVE server socket.
+
+    Call before binding those sockets (and before pinning the hot thread, or
+    let affinity.finish_warmup move its thread). Returns the authenticator
+    (stop it after closing the sockets) or None."""
+    from hft_infer.transport.curve import CurveKeyError, ZapAuthenticator
+
+    if not _serves_curve(cfg):
+        return None
+    directory = cfg.security.curve_authorized_dir
+    if not directory:
+        raise _config_error("security.curve_authorized_dir is required with CURVE: without it any client "
+                            "that knows the server's public key could connect")
+    try:
+        return ZapAuthenticator(ctx, directory).start()
+    except CurveKeyError as e:
+        raise _config_error(f"security.curve_authorized_dir: {e}") from None
+
+
+def check_security(cfg) -> list[str]:
+    """Pre-flight at start: raise ConfigError for a configuration the policy refuses;
+    return warnings for risky-but-allowed ones (log them in the start-up block)."""
+    from hft_infer.transport.sockets import is_local_endpoint
+
+    sec = cfg.security
+    warnings: list[str] = []
+    remote = [(name, ep) for name, ep in (("ingest.endpoint", cfg.ingest.endpoint),
+                                          ("egress.endpoint", cfg.egress.endpoint))
+              if not _is_local(ep)]
+    for name, ep in remote:
+        curve = curve_for_ingest(cfg) if name.startswith("ingest") else curve_for_egress(cfg)
+        if curve is None and not sec.allow_remote:
+            raise _config_error(f"{name} {ep} is not loopback: configure CURVE keys "
+                                "(security.curve_server_secret) or set security.allow_remote = true")
+        if curve is None:
+            warnings.append(f"{name} {ep}: no CURVE (security.allow_remote): traffic in clear, "
+                            "anyone who reaches the port may connect")
+    if _serves_curve(cfg):
+        if not sec.curve_authorized_dir:
+            raise _config_error("security.curve_authorized_dir is required with CURVE")
+        from hft_infer.transport.curve import load_authorized_keys
+
+        keys = _load("security.curve_authorized_dir", load_authorized_keys, sec.curve_authorized_dir)
+        if not keys:
+            warnings.append(f"{sec.curve_authorized_dir}: no client keys (*.key): every CURVE client is denied")
+    host = cfg.control.host
+    if cfg.control.enabled and not is_local_endpoint(f"tcp://{host}:0"):
+        if not sec.allow_remote:
+            raise _config_error(f"control.host {host} is not loopback: the dashboard has no authentication; "
+                                "keep it on 127.0.0.1 (ssh -L) or set security.allow_remote = true")
+        warnings.append(f"control.host {host}: dashboard and /metrics reachable from the network "
+                        "(read-only, no authentication)")
+    if sec.allow_remote and sec.curve_server_secret:
+        warnings.append("security.allow_remote with CURVE keys: endpoints without keys fall back to clear text")
+    return warnings + check_key_permissions(cfg)
+
+
+def _mode_problem(path: Path, secret: bool) -> str | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # missing files are reported by the loaders
+    mode = stat.S_IMODE(st.st_mode)
+    if secret and mode & 0o077:
+        who = "world" if mode & 0o007 else "group"
+        return f"{path}: secret key is {who}-readable (mode {mode:04o}): chmod 600 {path}"
+    if not secret and mode & 0o022:
+        who = "world" if mode & 0o002 else "group"
+        return f"{path}: {who}-writable (mode {mode:04o}): anyone in it could substitute a key"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path}: owned by uid {st.st_uid}, not by this user or root"
+    return None
+
+
+def check_key_permissions(cfg, config_path: str | None = None) -> list[str]:
+    """Warnings for key files others could read or replace: a group/world-readable secret key,
+    a group/world-writable authorized-keys directory or key, or config file."""
+    sec = cfg.security
+    out: list[str] = []
+    for secret_path in {sec.curve_server_secret, _client_secret(cfg)} - {""}:
+        p = Path(secret_path)
+        out.append(_mode_problem(p, secret=True))
+        out.append(_mode_problem(p.parent, secret=False))
+    if sec.curve_feed_public:
+        out.append(_mode_problem(Path(sec.curve_feed_public), secret=False))
+    if sec.curve_authorized_dir:
+        d = Path(sec.curve_authorized_dir)
+        out.append(_mode_problem(d, secret=False))
+        if d.is_dir():
+            out.extend(_mode_problem(p, secret=False) for p in sorted(d.glob("*.key")))
+            out.extend(f"{p}: a secret key in the authorized-keys directory: move it out"
+                       for p in sorted(d.glob("*.key_secret")))
+    if config_path and not config_path.startswith("builtin:") and (
+            sec.curve_server_secret or sec.curve_authorized_dir or sec.curve_feed_public):
+        out.append(_mode_problem(Path(config_path), secret=False))
+    return [w for w in out if w]
+
+
+# --------------------------------------------------------------------------- CLI: hft-infer keys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    p = sub.add_parser("generate", help="create NAME.key (public) and NAME.key_secret (0600) in DIR",
+                       description="Create a CURVE key pair: DIR/NAME.key (public: give it to peers) and "
+                                   "DIR/NAME.key_secret (mode 0600). Existing files are never overwritten.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--name", default="hft-infer", help="file name stem (default: hft-infer)")
+    p = sub.add_parser("show", help="print a key file's public key and check its permissions")
+    p.add_argument("file", metavar="FILE")
+    p = sub.add_parser("check", help="check a config's security settings and key files",
+                       description="Load the keys a config names, list the authorized clients, and print "
+                                   "warnings (world-readable secrets, endpoints in clear). Exit 2 on a refusal.")
+    p.add_argument("-c", "--config", metavar="FILE", help="TOML config (default: the embedded default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+
+
+def main(args: argparse.Namespace) -> int:
+    from hft_infer.cli import UserError
+    from hft_infer.transport.curve import CurveKeyError, read_key_file, write_keypair
+
+    try:
+        if args.keys_command == "generate":
+            public, secret = write_keypair(args.dir, args.name)
+            print(f"public key:  {public}  (give to peers; a client's goes into the server's authorized dir)")
+            print(f"secret key:  {secret}  (mode 0600; point security.curve_server_secret here)")
+            print(f"public-key = {read_key_file(public)[0].decode()}")
+            return 0
+        if args.keys_command == "show":
+            public, secret = read_key_file(args.file)
+            print(f"public-key = {public.decode()}")
+            print(f"secret key: {'yes' if secret else 'no'}")
+            problem = _mode_problem(Path(args.file), secret=secret is not None)
+            if problem:
+                print(f"warning: {problem}", file=sys.stderr)
+            return 0
+        if args.keys_command == "check":
+            return _check(args)
+    except CurveKeyError as e:
+        raise UserError(str(e)) from None
+    raise UserError(f"unknown keys action {args.keys_command!r}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from hft_infer.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    warnings = check_security(cfg)
+    warnings += [w for w in check_key_permissions(cfg, args.config) if w not in warnings]
+    egress, ingest = curve_for_egress(cfg), curve_for_ingest(cfg)
+    print(f"egress {cfg.egress.endpoint}: {'CURVE server' if egress else 'plain'}")
+    print(f"ingest {cfg.ingest.endpoint}: "
+          f"{type(ingest).__name__.replace('Curve', 'CURVE ').lower() if ingest else 'plain'}")
+    if _serves_curve(cfg):
+        from hft_infer.transport.curve import load_authorized_keys
+
+        keys = load_authorized_keys(cfg.security.curve_authorized_dir)
+        print(f"authorized clients ({len(keys)}): {', '.join(sorted(keys.values())) or 'none'}")
+    for w in warnings:
+        print(f"warning: {w}")
+    return 0
