@@ -1,0 +1,183 @@
+"""Record a live feed into a capture file (`hft-infer record`).
+
+One thread: poll the socket, read everything that is queued without blocking,
+stamp each message with `time.time_ns()` right after its last frame arrives,
+and hand it to the CaptureWriter, which writes a block every
+`flush_records` records or `flush_ms` milliseconds. Nothing is decoded: the
+frames are stored byte for byte, so a replay republishes exactly what was on
+the wire, valid or not.
+
+The subscriber never drops on its own: RCVHWM is 0 (unbounded) and
+MAXMSGSIZE is off, so a slow disk shows up as memory growth, not as silent
+loss (a PUB publisher can still drop at its own SNDHWM; the capture cannot
+see that). Non-loopback endpoints are refused unless `allow_remote`.
+
+Stops on `duration_s`, `max_events`, SIGINT/SIGTERM (the handlers only set a
+flag; the loop notices within `_POLL_CAP_MS`), or a caller's `stop` event;
+in every case the pending records are flushed and the trailer is written.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from hft_infer.transport.sockets import open_ingest
+
+from .capture import FLUSH_MS, FLUSH_RECORDS, CaptureWriter
+
+# Longest poll, so that a signal flag or a stop event is seen promptly.
+_POLL_CAP_MS = 50
+# Messages read per wake-up before the loop checks its deadlines again.
+_BURST = 4096
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    path: Path
+    endpoint: str
+    records: int  # messages (events, heartbeats, anything) written, including earlier ones when appending
+    recorded: int  # messages received by this call
+    frames: int
+    frame_bytes: int
+    blocks: int
+    file_bytes: int
+    duration_s: float  # from the socket being ready to the stop
+    stopped_by: str  # "duration" | "count" | "signal" | "stop"
+    first_recv_ns: int
+    last_recv_ns: int
+
+
+def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = None,
+           max_events: int | None = None, topics: Iterable[bytes] | None = None, socket_type: str = "sub",
+           bind: bool = False, allow_remote: bool = False, topic_frame: bool = True,
+           flush_records: int = FLUSH_RECORDS, flush_ms: float = FLUSH_MS, fsync: bool = False,
+           overwrite: bool = False, append: bool = False, ctx: zmq.Context | None = None,
+           stop: threading.Event | None = None, on_ready: Callable[[str], None] | None = None,
+           handle_signals: bool = True) -> RecordResult:
+    """Subscribe to `endpoint` (SUB to everything by default, or PULL) and record every message.
+
+    topics: SUB prefix filters (e.g. `topic_for(7)`); None records everything.
+    on_ready(resolved_endpoint) is called once the socket is connected (or
+    bound) and the file is created. handle_signals installs SIGINT/SIGTERM
+    handlers while recording (main thread only).
+    """
+    if duration_s is not None and duration_s <= 0:
+        raise ValueError("duration_s must be positive")
+    if max_events is not None and max_events <= 0:
+        raise ValueError("max_events must be positive")
+    own_ctx = ctx is None
+    ctx = ctx or zmq.Context()
+    stopped: list[str] = []
+    old_handlers: dict[int, object] = {}
+
+    def on_signal(signum, frame) -> None:
+        stopped.append("signal")  # only flips state; the loop flushes and closes
+
+    try:
+        sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
+                                     rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
+        try:
+            writer = CaptureWriter(out_path, endpoint=resolved, topic_frame=topic_frame,
+                                   meta={"socket_type": socket_type, "bind": bind,
+                                         "topics": [t.hex() for t in topics] if topics is not None else None},
+                                   flush_records=flush_records, flush_ms=flush_ms, fsync=fsync,
+                                   overwrite=overwrite, append=append)
+        except BaseException:
+            sock.close(0)
+            raise
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old_handlers[s] = signal.signal(s, on_signal)
+        before = writer.records
+        try:
+            if on_ready is not None:
+                on_ready(resolved)
+            t0 = time.monotonic_ns()
+            stopped_by = _loop(sock, writer, t0, duration_s, max_events, stopped, stop)
+            t1 = time.monotonic_ns()
+        finally:
+            try:
+                writer.close()
+            finally:
+                sock.close(0)
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        if own_ctx:
+            ctx.term()
+    path = Path(out_path)
+    return RecordResult(path, resolved, writer.records, writer.records - before, writer.frames,
+                        writer.frame_bytes, writer.blocks, path.stat().st_size, (t1 - t0) / 1e9, stopped_by,
+                        writer.first_ns, writer.last_ns)
+
+
+def _backend_method(sock: zmq.Socket, name: str):
+    """The compiled pyzmq backend's method, bound to `sock` (falls back to the public one).
+
+    zmq.Socket.recv_multipart is Python around the backend's recv and
+    getsockopt; called directly and positionally with plain ints they cost
+    less (~85,000 vs ~230,000 two-frame messages/s drained on the loaded
+    2-core dev VM, tools/bench_capture.py has the recorder's end-to-end rate).
+    What remains expensive is the RCVMORE query itself: pyzmq 27's get()
+    builds a SocketOption enum from the option number on every call (~1 us
+    on Python 3.11). It stays: without it a feed with an unexpected number
+    of frames would be paired up wrongly.
+    """
+    for klass in type(sock).__mro__[1:]:
+        if klass.__module__.startswith("zmq.backend") and name in vars(klass):
+            return getattr(klass, name).__get__(sock)
+    return getattr(sock, name)
+
+
+def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
+          stopped: list[str], stop: threading.Event | None) -> str:
+    deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
+    limit = max_events if max_events is not None else -1
+    n = 0
+    # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
+    # conversions cost microseconds): this loop runs per message.
+    poll, add, now_ns = sock.poll, writer.add, time.time_ns
+    recv, get = _backend_method(sock, "recv"), _backend_method(sock, "get")
+    monotonic_ns, noblock, rcvmore, again = time.monotonic_ns, int(zmq.NOBLOCK), int(zmq.RCVMORE), zmq.Again
+    while True:
+        if stopped:
+            return stopped[0]
+        if stop is not None and stop.is_set():
+            return "stop"
+        mono = monotonic_ns()
+        if deadline is not None and mono >= deadline:
+            return "duration"
+        writer.flush_if_due(mono)
+        timeout_ms = _POLL_CAP_MS
+        if deadline is not None:
+            timeout_ms = min(timeout_ms, (deadline - mono) / 1e6)
+        due = writer.flush_due_ns
+        if due is not None:
+            timeout_ms = min(timeout_ms, max(due - mono, 0) / 1e6)
+        if not poll(max(timeout_ms, 0.0)):
+            continue
+        for _ in range(_BURST):
+            try:
+                first = recv(noblock, True, False)
+            except again:
+                break
+            if get(rcvmore):  # the rest of a multipart message is already here (delivery is atomic)
+                frames = [first, recv(noblock, True, False)]
+                while get(rcvmore):
+                    frames.append(recv(noblock, True, False))
+            else:
+                frames = (first,)
+            add(now_ns(), frames)  # stamped once the whole message is in
+            n += 1
+            if n == limit:
+                return "count"
+
+
+__all__ = ["RecordResult", "record"]
