@@ -148,27 +148,53 @@ class SampleBuffer:
 
 
 class StageHistograms:
-    """Raw buffers + cumulative HDR histograms for a fixed list of stages."""
+    """Raw buffers, interval counts and cumulative HDR histograms for a fixed list of stages.
+
+    `fold()` moves raw samples into both the cumulative histogram and the
+    current interval's counts (cheap, vectorised: the hot loop calls it when
+    idle or when a buffer fills); `take_interval()` returns the interval as
+    sparse counts for shipping and starts a new one.
+    """
 
     def __init__(self, stages=SERVICE_STAGES, capacity: int = 65536,
                  highest_ns: int = DEFAULT_HIGHEST_NS, digits: int = DEFAULT_DIGITS) -> None:
         self.stages = tuple(stages)
         self.buffers = {s: SampleBuffer(capacity) for s in self.stages}
         self.cumulative = {s: new_histogram(highest_ns, digits) for s in self.stages}
+        n = self.cumulative[self.stages[0]].counts_len
+        self._interval = {s: np.zeros(n, dtype=np.int64) for s in self.stages}
+        self._interval_minmax = {s: [0, 0, 0] for s in self.stages}  # min, max, total
 
     def any_full(self) -> bool:
         return any(b.full for b in self.buffers.values())
 
-    def fold(self) -> dict[str, IntervalCounts]:
-        """Move raw samples into the cumulative histograms; returns the interval's sparse counts."""
-        out = {}
+    def fold(self) -> None:
         for stage, buf in self.buffers.items():
+            if buf.n == 0:
+                continue
             sparse = record_array(self.cumulative[stage], buf.take())
-            if sparse is not None:
-                out[stage] = sparse
+            self._interval[stage][sparse.index] += sparse.count
+            mm = self._interval_minmax[stage]
+            mm[0] = sparse.min_ns if mm[2] == 0 else min(mm[0], sparse.min_ns)
+            mm[1] = max(mm[1], sparse.max_ns)
+            mm[2] += sparse.total
+
+    def take_interval(self) -> dict[str, IntervalCounts]:
+        """Fold, then return this interval's sparse counts per stage (stages with samples) and reset."""
+        self.fold()
+        out = {}
+        for stage, counts in self._interval.items():
+            mm = self._interval_minmax[stage]
+            if mm[2] == 0:
+                continue
+            nz = np.flatnonzero(counts)
+            out[stage] = IntervalCounts(nz.astype(np.int32), counts[nz].copy(), mm[0], mm[1], mm[2])
+            counts[nz] = 0
+            mm[0] = mm[1] = mm[2] = 0
         return out
 
     def summary(self) -> dict[str, dict]:
+        self.fold()
         return {s: summarize(h) for s, h in self.cumulative.items()}
 
 

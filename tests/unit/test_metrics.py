@@ -66,13 +66,19 @@ def test_sample_buffer_caps_and_resets():
     assert b.n == 0 and not b.full
 
 
-def test_stage_histograms_fold_accumulates():
+def test_stage_histograms_fold_accumulates_and_intervals_reset():
     st = StageHistograms(("a", "b"), capacity=1024)
     st.buffers["a"].add_many(np.arange(1, 101))
-    interval = st.fold()
-    assert set(interval) == {"a"} and interval["a"].total == 100
+    st.fold()  # idle fold: goes into the interval too
+    st.buffers["a"].add_many(np.arange(1, 11))
+    interval = st.take_interval()
+    assert set(interval) == {"a"} and interval["a"].total == 110
+    assert (interval["a"].min_ns, interval["a"].max_ns) == (1, 100)
+    assert int(interval["a"].count.sum()) == 110
     st.buffers["a"].add_many(np.arange(1, 51))
-    st.fold()
+    second = st.take_interval()
+    assert second["a"].total == 50 and int(second["a"].count.sum()) == 50
+    assert st.take_interval() == {}
     s = st.summary()
-    assert s["a"]["count"] == 150 and s["b"]["count"] == 0
+    assert s["a"]["count"] == 160 and s["b"]["count"] == 0
     assert s["a"]["max_us"] == 0.1

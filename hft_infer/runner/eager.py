@@ -1,0 +1,42 @@
+"""The CPU engine: the models' torch reference executors on preallocated buffers.
+
+Inputs and outputs are numpy arrays shared with torch tensors (no copies);
+each bucket has its own fixed views, so a step is: pad to the bucket, run
+the executor and the decision policy under `torch.inference_mode()`. The
+executors preallocate their scratch for the largest bucket.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hft_infer.runner.base import Engine
+
+
+class EagerEngine(Engine):
+    name = "eager"
+
+    def __init__(self, executor, policy, buckets: list[int], sink_slot: int, *, reason: str,
+                 threads: int = 1) -> None:
+        super().__init__(buckets, sink_slot, stateful=executor.stateful, reason=reason)
+        # One intra-op thread: the hot loop owns its core and a thread pool
+        # hand-off costs more than the small matmuls it would split.
+        torch.set_num_threads(threads)
+        self.executor = executor
+        self.policy = policy
+        slots = torch.from_numpy(self.slots)
+        positions = torch.from_numpy(self.positions)
+        scores = torch.from_numpy(self.scores)
+        actions = torch.from_numpy(self.actions)
+        self._views = {b: (slots[:b], positions[:b], scores[:b], actions[:b])
+                       for b in self.bucket_map.buckets}
+
+    def step(self, n: int) -> None:
+        slots, positions, scores, actions = self._views[self.pad(n)]
+        with torch.inference_mode():
+            self.executor.step(slots, positions, scores)
+            self.policy.apply(slots, scores, actions)
+
+    def reset(self) -> None:
+        self.executor.reset()
+        self.policy.reset()

@@ -1,0 +1,86 @@
+"""Build the model, feature store and engine for a config, and say why this engine.
+
+`engine = "auto"` takes the fastest engine that works here: persistent, else
+graph (both need CUDA), else eager. What was chosen and why is returned as
+`Runtime.engine.reason` and printed in serve's start-up line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hft_infer.config import Config, ConfigError
+from hft_infer.features import FeatureStore
+
+
+@dataclass
+class Runtime:
+    model: object
+    model_version: str
+    store: FeatureStore
+    engine: object
+    sequential: bool  # scheduler discipline: every event in order (else conflation)
+    conflate: bool
+
+
+def is_stateful(model, cfg: Config) -> bool:
+    """Models whose per-instrument state needs every row, in order."""
+    return model.spec.kind == "lstm" and (cfg.model.mode == "stream" or cfg.model.window_method == "incremental")
+
+
+def resolve_device(cfg: Config) -> str:
+    import torch
+
+    dev = cfg.runner.device
+    if dev == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"runner.device = {dev!r} but CUDA is not available here")
+    return "cuda:0" if dev == "cuda" else dev
+
+
+def build_runtime(cfg: Config, n_slots: int) -> Runtime:
+    from hft_infer.models.checkpoint import CheckpointError, load_model
+
+    try:
+        model, version = load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
+                                    mode=cfg.model.mode)
+    except CheckpointError as e:
+        raise ConfigError(f"model: {e}") from None
+    stateful = is_stateful(model, cfg)
+    mode = cfg.scheduler.conflate
+    if mode == "on" and stateful:
+        raise ConfigError("scheduler.conflate = \"on\" needs a model that reads its window from the ring "
+                          "(mlp, or lstm with model.window_method = \"recompute\"); this model keeps "
+                          "per-instrument state and must see every row")
+    conflate = (not stateful) if mode == "auto" else (mode == "on")
+    sequential = not conflate
+    window = model.spec.window
+    depth = window + cfg.scheduler.max_pending_per_instrument if sequential else window
+    device = resolve_device(cfg)
+    engine_name = cfg.runner.engine
+    if device == "cpu":
+        if engine_name in ("graph", "persistent"):
+            raise ConfigError(f"runner.engine = {engine_name!r} needs a CUDA device; this machine runs on cpu "
+                              "(use engine = \"auto\" or \"eager\")")
+        reason = "cpu device: eager torch reference path"
+        if engine_name == "eager":
+            reason = "configured eager"
+        return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason)
+    raise ConfigError(f"device {device}: GPU engines are not built yet (issue 6); set runner.device = \"cpu\"")
+
+
+def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
+           reason: str) -> Runtime:
+    from hft_infer.models.decision import DecisionPolicy
+    from hft_infer.models.executor import build_executor
+    from hft_infer.runner.eager import EagerEngine
+
+    store = FeatureStore(n_slots, model.spec.levels, depth)
+    max_bucket = cfg.runner.max_bucket
+    executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
+                              window_method=cfg.model.window_method)
+    policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
+    engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
+                         threads=cfg.runner.torch_threads)
+    return Runtime(model, version, store, engine, sequential, conflate)

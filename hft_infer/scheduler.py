@@ -1,0 +1,319 @@
+"""Priority scheduling with aging, deadline shedding, conflation and batch policies.
+
+Unit of scheduling: the *instrument slot*. Each priority class has a FIFO of
+slots that have pending work; a slot is in at most one FIFO at a time. What
+"pending work" means depends on the model:
+
+- conflating (window models that read their window from the feature ring):
+  one pending request per slot. A newer event of a queued slot replaces the
+  trigger in place (the older event's outcome is CONFLATED; the decision
+  carries `n_conflated`), keeping the slot's place in its FIFO, so a busy
+  instrument cannot push itself to the back of the queue.
+- sequential (stateful models -- stream LSTM, incremental-window LSTM -- and
+  window models with conflation off): every event reaches the model in order,
+  so a slot holds a FIFO of its pending events, a batch takes at most one
+  event per slot (the oldest), and a slot with more events goes back into its
+  class FIFO after the batch is formed.
+
+Aging: the effective priority of a queued slot is `class - wait / aging`.
+Comparing two heads at the same instant `now`, the smaller of
+`class * aging_ns + enqueue_ns` wins -- `now` cancels -- so the pick is a
+k-way merge of FIFOs that are each sorted by enqueue time, O(classes) per
+pick with no allocation. A class-c request enqueued at t therefore goes before
+every class-0 request enqueued after t + c * aging: no class starves.
+
+Deadlines: a request whose trigger was received more than `max_age_us` ago
+when its turn comes is shed (answered SHED/STALE). Conflating models skip the
+step for it; sequential ones still run it (a stateful model's state needs
+every row) but the decision is withheld and answered SHED.
+
+All state lives in Python lists preallocated at start-up (scalar stores into
+lists are ~4x cheaper than into numpy arrays from Python; measured in
+tools/bench_hotpath.py); request ids come from a free list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hft_infer.config import SchedulerConfig
+
+NO_REQUEST = -1
+
+
+class AdaptiveWait:
+    """Batching wait tuned against a latency objective (AIMD on a sliding p99).
+
+    Every `update_every` batches: p99 of the recent batches' worst
+    queue+step latency against `objective`: above it the wait halves
+    (multiplicative decrease), well below it (< 70 %) the wait grows by a
+    sixteenth of its ceiling (additive increase). The wait is also capped by
+    the time the current arrival rate needs to fill the batch, so at low rates
+    it does not wait for requests that will not come.
+    """
+
+    def __init__(self, max_wait_ns: int, objective_ns: int, max_batch: int,
+                 window: int = 256, update_every: int = 32) -> None:
+        self.max_wait_ns = max_wait_ns
+        self.objective_ns = objective_ns
+        self.max_batch = max_batch
+        self.wait_ns = 0
+        self._samples = np.zeros(window, dtype=np.int64)
+        self._n = 0
+        self._update_every = update_every
+        self._since_update = 0
+        self._rate_per_ns = 0.0
+        self._last_arrivals = 0
+        self._last_ns = 0
+
+    def observe_batch(self, worst_queue_plus_step_ns: int, arrivals_total: int, now_ns: int) -> None:
+        self._samples[self._n % self._samples.size] = worst_queue_plus_step_ns
+        self._n += 1
+        self._since_update += 1
+        if self._since_update < self._update_every:
+            return
+        self._since_update = 0
+        if self._last_ns:
+            dt = now_ns - self._last_ns
+            if dt > 0:
+                inst = (arrivals_total - self._last_arrivals) / dt
+                self._rate_per_ns = inst if self._rate_per_ns == 0.0 else 0.7 * self._rate_per_ns + 0.3 * inst
+        self._last_ns, self._last_arrivals = now_ns, arrivals_total
+        p99 = float(np.percentile(self._samples[:min(self._n, self._samples.size)], 99))
+        if p99 > self.objective_ns:
+            self.wait_ns //= 2
+        elif p99 < 0.7 * self.objective_ns:
+            self.wait_ns = min(self.max_wait_ns, self.wait_ns + max(1000, self.max_wait_ns // 16))
+
+    def current_wait_ns(self, pending: int) -> int:
+        if self._rate_per_ns <= 0.0:
+            return self.wait_ns
+        fill_ns = int((self.max_batch - pending) / self._rate_per_ns)
+        return min(self.wait_ns, max(fill_ns, 0))
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, n_slots: int, *, sequential: bool, conflate: bool,
+                 class_by_slot_kind: list[list[int]]) -> None:
+        """`class_by_slot_kind[kind][slot]` is the configured class of an event."""
+        if sequential and conflate:
+            raise ValueError("conflation and sequential scheduling are exclusive")
+        self.sequential = sequential
+        self.conflate = conflate
+        self.classes = cfg.classes
+        self.max_batch = cfg.max_batch
+        self.aging_ns = int(cfg.aging_us * 1000)
+        self.max_age_ns = cfg.max_age_us * 1000
+        self.policy = cfg.policy
+        self.max_wait_ns = cfg.max_wait_us * 1000
+        self.class_by_slot_kind = class_by_slot_kind
+        self.max_class = cfg.classes - 1
+        self.honour_message_priority = cfg.honour_message_priority
+        self.adaptive = (AdaptiveWait(self.max_wait_ns, cfg.latency_objective_us * 1000, cfg.max_batch)
+                         if cfg.policy == "adaptive" else None)
+
+        cap = cfg.capacity
+        self.capacity = cap
+        # request table, indexed by request id
+        self.r_slot = [0] * cap
+        self.r_pos = [0] * cap
+        self.r_seq = [0] * cap
+        self.r_cls = [0] * cap
+        self.r_recv_ns = [0] * cap  # perf_counter_ns at receive
+        self.r_push_ns = [0] * cap  # perf_counter_ns when queued (after decode)
+        self.r_send_epoch_ns = [0] * cap  # publisher's ts_send_ns (echoed in the decision)
+        self.r_nconf = [0] * cap
+        self.r_stale = [False] * cap
+        self._free = list(range(cap - 1, -1, -1))
+
+        # per slot
+        self.s_queued = [False] * n_slots
+        self.s_enq_ns = [0] * n_slots  # aging base of the slot's FIFO entry
+        self.s_rid = [NO_REQUEST] * n_slots  # conflating: the one pending request
+        self.max_pending = cfg.max_pending_per_instrument
+        if sequential:
+            m = self.max_pending
+            self.s_ring = [[0] * m for _ in range(n_slots)]
+            self.s_head = [0] * n_slots
+            self.s_len = [0] * n_slots
+
+        # class FIFOs of slots (a slot is in at most one FIFO, so n_slots suffices)
+        self.q_buf = [[0] * n_slots for _ in range(cfg.classes)]
+        self.q_head = [0] * cfg.classes
+        self.q_len = [0] * cfg.classes
+        self._n_slots = n_slots
+
+        # outputs of form_batch (preallocated; valid until the next call)
+        self.batch_rids = [0] * cfg.max_batch
+        self.shed_rids = [0] * max(cap, 1)
+        self.n_shed = 0
+        self._requeue = [0] * cfg.max_batch
+
+        # counters
+        self.pending = 0  # requests holding an id (queued, not yet in a formed batch)
+        self.queued_slots = 0
+        self.conflated = 0
+        self.shed_full = 0
+
+    # ------------------------------------------------------------------ push
+
+    def class_of(self, slot: int, kind: int, message_priority: int) -> int:
+        if message_priority >= 0 and self.honour_message_priority:
+            return message_priority if message_priority <= self.max_class else self.max_class
+        return self.class_by_slot_kind[kind][slot]
+
+    def _enqueue_slot(self, slot: int, cls: int, enq_ns: int) -> None:
+        n = self.q_len[cls]
+        buf = self.q_buf[cls]
+        buf[(self.q_head[cls] + n) % self._n_slots] = slot
+        self.q_len[cls] = n + 1
+        self.s_queued[slot] = True
+        self.s_enq_ns[slot] = enq_ns
+        self.queued_slots += 1
+
+    def push(self, slot: int, pos: int, seq: int, cls: int, recv_ns: int, push_ns: int,
+             send_epoch_ns: int) -> int:
+        """Queue an event. Returns the request id, or NO_REQUEST if it was shed (QUEUE_FULL);
+        a conflated predecessor is counted in `conflated` and in the request's n_conflated."""
+        if self.conflate:
+            rid = self.s_rid[slot]
+            if rid != NO_REQUEST:
+                self.r_pos[rid] = pos
+                self.r_seq[rid] = seq
+                self.r_recv_ns[rid] = recv_ns
+                self.r_push_ns[rid] = push_ns
+                self.r_send_epoch_ns[rid] = send_epoch_ns
+                self.r_nconf[rid] += 1
+                self.conflated += 1
+                return rid
+        elif self.sequential and self.s_len[slot] >= self.max_pending:
+            self.shed_full += 1
+            return NO_REQUEST
+        if not self._free:
+            self.shed_full += 1
+            return NO_REQUEST
+        rid = self._free.pop()
+        self.r_slot[rid] = slot
+        self.r_pos[rid] = pos
+        self.r_seq[rid] = seq
+        self.r_cls[rid] = cls
+        self.r_recv_ns[rid] = recv_ns
+        self.r_push_ns[rid] = push_ns
+        self.r_send_epoch_ns[rid] = send_epoch_ns
+        self.r_nconf[rid] = 0
+        self.r_stale[rid] = False
+        self.pending += 1
+        if self.conflate:
+            self.s_rid[slot] = rid
+            self._enqueue_slot(slot, cls, push_ns)
+        elif self.sequential:
+            n = self.s_len[slot]
+            self.s_ring[slot][(self.s_head[slot] + n) % self.max_pending] = rid
+            self.s_len[slot] = n + 1
+            if not self.s_queued[slot]:
+                self._enqueue_slot(slot, cls, push_ns)
+        else:
+            raise AssertionError("scheduler needs conflate or sequential")
+        return rid
+
+    # ------------------------------------------------------------------ pick
+
+    def _pick_class(self) -> int:
+        """Class whose head has the best aged priority; -1 if all FIFOs are empty."""
+        best = -1
+        best_key = 0
+        aging = self.aging_ns
+        q_len, q_buf, q_head, enq = self.q_len, self.q_buf, self.q_head, self.s_enq_ns
+        for c in range(self.classes):
+            if q_len[c]:
+                key = enq[q_buf[c][q_head[c]]] + c * aging
+                if best < 0 or key < best_key:
+                    best, best_key = c, key
+        return best
+
+    def oldest_enqueue_ns(self) -> int:
+        """Enqueue time of the longest-waiting queued slot (0 if none)."""
+        oldest = 0
+        for c in range(self.classes):
+            if self.q_len[c]:
+                t = self.s_enq_ns[self.q_buf[c][self.q_head[c]]]
+                if oldest == 0 or t < oldest:
+                    oldest = t
+        return oldest
+
+    def batch_due_ns(self, now_ns: int) -> int:
+        """0 if a batch should be formed now, else the time (ns) at which it will be due;
+        -1 if nothing is queued."""
+        if self.queued_slots == 0:
+            return -1
+        if self.policy == "greedy" or self.queued_slots >= self.max_batch:
+            return 0
+        wait = self.max_wait_ns if self.adaptive is None else self.adaptive.current_wait_ns(self.queued_slots)
+        due = self.oldest_enqueue_ns() + wait
+        return 0 if due <= now_ns else due
+
+    def current_wait_ns(self) -> int:
+        if self.policy == "greedy":
+            return 0
+        return self.max_wait_ns if self.adaptive is None else self.adaptive.current_wait_ns(self.queued_slots)
+
+    def form_batch(self, now_ns: int, force: bool = False) -> int:
+        """Pick up to max_batch requests by aged priority, shedding stale ones.
+
+        Fills `batch_rids[:n]` and returns n; stale requests of conflating
+        models go to `shed_rids[:n_shed]` (the caller answers and releases
+        them); stale requests of sequential models stay in the batch with
+        `r_stale` set. `force` ignores the batching policy's wait (drain).
+        """
+        self.n_shed = 0
+        if not force and self.batch_due_ns(now_ns) != 0:
+            return 0
+        n = 0
+        n_requeue = 0
+        max_age = self.max_age_ns
+        q_len, q_buf, q_head = self.q_len, self.q_buf, self.q_head
+        nslots = self._n_slots
+        while n < self.max_batch:
+            c = self._pick_class()
+            if c < 0:
+                break
+            h = q_head[c]
+            slot = q_buf[c][h]
+            q_head[c] = (h + 1) % nslots
+            q_len[c] -= 1
+            self.queued_slots -= 1
+            self.s_queued[slot] = False
+            if self.conflate:
+                rid = self.s_rid[slot]
+                self.s_rid[slot] = NO_REQUEST
+                if now_ns - self.r_recv_ns[rid] > max_age:
+                    self.shed_rids[self.n_shed] = rid
+                    self.n_shed += 1
+                    self.pending -= 1
+                    continue
+            else:
+                head = self.s_head[slot]
+                rid = self.s_ring[slot][head]
+                self.s_head[slot] = (head + 1) % self.max_pending
+                self.s_len[slot] -= 1
+                if self.s_len[slot]:
+                    self._requeue[n_requeue] = slot
+                    n_requeue += 1
+                if now_ns - self.r_recv_ns[rid] > max_age:
+                    self.r_stale[rid] = True
+            self.batch_rids[n] = rid
+            self.pending -= 1
+            n += 1
+        for i in range(n_requeue):
+            slot = self._requeue[i]
+            nxt = self.s_ring[slot][self.s_head[slot]]
+            self._enqueue_slot(slot, self.r_cls[nxt], now_ns)
+        return n
+
+    def release(self, rid: int) -> None:
+        """Return a request id to the free list once its outcome is published."""
+        self._free.append(rid)
+
+    def pending_requests(self) -> int:
+        """Requests not yet picked (for the accounting identity)."""
+        return self.pending

@@ -1,0 +1,85 @@
+"""Decision policy: thresholds and hysteresis, vectorised, against a plain-Python reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hft_infer.models.decision import DecisionPolicy
+
+
+def reference(threshold: float, hysteresis: float, held: int, score: np.float32) -> int:
+    """The documented rule, one slot at a time, compared in the scores' dtype (float32), as
+    torch compares a float32 tensor with a Python float."""
+    thr, stay = np.float32(threshold), np.float32(threshold - hysteresis)
+    if score > thr:
+        return 1
+    if score < -thr:
+        return -1
+    if held == 1 and score >= stay:
+        return 1
+    if held == -1 and score <= -stay:
+        return -1
+    return 0
+
+
+def test_thresholds_without_hysteresis():
+    p = DecisionPolicy(0.2, 0.0, n_slots=5)
+    out = torch.empty(5, dtype=torch.int8)
+    p.apply(torch.arange(5), torch.tensor([0.5, 0.21, 0.2, -0.2, -0.9]), out)
+    assert out.tolist() == [1, 1, 0, 0, -1]
+    p.apply(torch.arange(5), torch.tensor([0.1, 0.0, -0.1, 0.19, 0.3]), out)
+    assert out.tolist() == [0, 0, 0, 0, 1]  # no memory: inside the band is flat
+
+
+def test_hysteresis_holds_until_the_inner_band():
+    p = DecisionPolicy(0.3, 0.2, n_slots=2)
+    out = torch.empty(2, dtype=torch.int64)
+    seq = [(0.4, -0.4), (0.2, -0.2), (0.11, -0.1), (0.09, -0.09), (0.2, -0.2)]
+    got = []
+    for a, b in seq:
+        p.apply(torch.tensor([0, 1]), torch.tensor([a, b]), out)
+        got.append(out.tolist())
+    # long holds while score >= 0.1, short while score <= -0.1; after leaving, 0.2 is not enough to re-enter.
+    assert got == [[1, -1], [1, -1], [1, -1], [0, 0], [0, 0]]
+    assert p.held.tolist() == [0, 0]
+
+
+def test_a_fresh_opposite_signal_flips():
+    p = DecisionPolicy(0.1, 0.5, n_slots=1)  # hysteresis wider than the threshold
+    out = torch.empty(1, dtype=torch.int8)
+    for score, want in [(0.5, 1), (-0.3, -1), (0.3, 1), (0.0, 1), (-0.11, -1)]:
+        p.apply(torch.tensor([0]), torch.tensor([score]), out)
+        assert out.item() == want, score
+
+
+@pytest.mark.parametrize(("threshold", "hysteresis"), [(0.2, 0.0), (0.2, 0.1), (0.05, 0.3), (0.0, 0.0), (1.0, 1.0)])
+def test_random_batches_match_reference(threshold, hysteresis):
+    rng = np.random.default_rng(int(threshold * 100 + hysteresis * 10))
+    n_slots = 9
+    p = DecisionPolicy(threshold, hysteresis, n_slots=n_slots, max_batch=4)  # batches grow past max_batch
+    held = [0] * n_slots
+    for _ in range(400):
+        k = int(rng.integers(1, 8))
+        slots = rng.choice(n_slots, size=k, replace=False)
+        scores = np.round(rng.uniform(-1, 1, size=k), 2)  # coarse: lands exactly on thresholds sometimes
+        out = torch.empty(k, dtype=torch.int8)
+        p.apply(torch.from_numpy(slots), torch.from_numpy(scores).float(), out)
+        want = []
+        for s, sc in zip(slots, np.float32(scores)):
+            held[s] = reference(threshold, hysteresis, held[s], sc)
+            want.append(held[s])
+        assert out.tolist() == want
+    assert p.held.tolist() == held
+    p.reset()
+    assert p.held.abs().sum() == 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="threshold must be in"):
+        DecisionPolicy(1.5, 0.0, 1)
+    with pytest.raises(ValueError, match="hysteresis must be in"):
+        DecisionPolicy(0.5, -0.1, 1)
+    with pytest.raises(ValueError, match="n_slots must be >= 1"):
+        DecisionPolicy(0.5, 0.0, 0)
