@@ -46,65 +46,79 @@ def make_run_dir(cfg: Config, explicit: str | None) -> Path:
 
 
 def write_hgrm(stages_cumulative: dict, run_dir: Path) -> None:
-    """Percentile distributions (HdrHistogram .hgrm text, values in microseconds)."""
-    import io
+    """Percentile distributions (HdrHistogram .hgrm, values in microseconds), when no
+    control process writes them."""
+    from hft_infer.control.hlog import write_hgrm as write_one
 
     for stage, hist in stages_cumulative.items():
-        if hist.get_total_count() == 0:
-            continue
-        buf = io.BytesIO()  # hdrh writes bytes
-        hist.output_percentile_distribution(buf, 1000.0)
-        (run_dir / f"{stage}.hgrm").write_bytes(buf.getvalue())
+        if hist.get_total_count():
+            write_one(hist, str(run_dir / f"{stage}.hgrm"))
+
+
+def start_control(cfg: Config, args: argparse.Namespace, run_dir: Path, plan, log):
+    """The control process (dashboard, /metrics, .hlog/.hgrm), kept off the hot core.
+    It is optional: if it cannot start, the service runs without it."""
+    if not cfg.control.enabled or getattr(args, "no_control", False):
+        return None
+    from hft_infer.affinity import confine_process
+    from hft_infer.control.process import start_control_process, wait_for_url
+
+    overrides = list(getattr(args, "overrides", []) or [])
+    if getattr(args, "shard", None):
+        i, n = parse_shard(args.shard)
+        overrides += [f"universe.shard_index={i}", f"universe.shard_count={n}"]
+    port = cfg.control.port
+    if port and cfg.universe.shard_count > 1:
+        port += cfg.universe.shard_index  # one dashboard per shard on one host
+    proc = start_control_process(args.config, overrides, str(run_dir), port=port)
+    confine_process(proc.pid, plan)
+    try:
+        log(f"dashboard {wait_for_url(str(run_dir), proc, 30.0)} (Prometheus at /metrics)")
+    except RuntimeError as e:
+        log(f"warning: no dashboard: {e}")
+        return None
+    return proc
 
 
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
     import uvloop
     import zmq
 
-    from hft_infer.affinity import apply_placement, configure_zmq_context, finish_warmup, plan_placement
-    from hft_infer.metrics import format_table
-    from hft_infer.sdnotify import Notifier, watchdog_interval_s
-    from hft_infer.security import check_security, curve_for_egress, curve_for_ingest, start_authenticator
+    from hft_infer.affinity import apply_placement, configure_zmq_context, plan_placement
+    from hft_infer.runner.select import resolve_device
+    from hft_infer.sdnotify import Notifier
+    from hft_infer.security import check_security, start_authenticator
     from hft_infer.service import Service
 
     cfg = resolve_config(args)
     run_dir = make_run_dir(cfg, getattr(args, "run_dir", None))
     log = _logger(cfg.service.name)
-    notifier = Notifier.from_env(unset_environment=True)  # children must not notify in our name
-    watchdog_s = watchdog_interval_s()
     for warning in check_security(cfg):
         log(f"warning: {warning}")
+    with contextlib.ExitStack() as cleanup:  # runs in reverse: service, auth, zmq, notifier, control
+        # Placement first: the zmq context (and its IO thread) is made and placed
+        # before the hot thread is pinned, and big buffers are allocated after the
+        # pinning so that first touch lands on the hot core's NUMA node.
+        plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index)
+        ctx = zmq.Context()
+        zmq_step = configure_zmq_context(ctx, plan)
+        report = apply_placement(plan, strict=cfg.cpu.strict, steps=[zmq_step])
+        control = start_control(cfg, args, run_dir, plan, log)
+        if control is not None:
+            from hft_infer.control.process import stop_control_process
 
-    # Placement first: the zmq context (and its IO thread) is made and placed
-    # before the hot thread is pinned, and big buffers are allocated after the
-    # pinning so that first touch lands on the hot core's NUMA node.
-    from hft_infer.runner.select import resolve_device
-
-    plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index)
-    ctx = zmq.Context()
-    zmq_step = configure_zmq_context(ctx, plan)
-    auth = start_authenticator(ctx, cfg)
-    report = apply_placement(plan, strict=cfg.cpu.strict, steps=[zmq_step])
-
-    service = Service(cfg, log=log)
-    try:
-        service.open_sockets(ctx, curve_ingest=curve_for_ingest(cfg), curve_egress=curve_for_egress(cfg))
-        service.warm_up()
-        finish_warmup(report, strict=cfg.cpu.strict)
-        service.placement = report.as_labels()
-        for line in report.log_block().splitlines():
-            log(line)
-        if watchdog_s is not None:
-            last_watchdog = [0.0]
-
-            def watchdog() -> None:
-                now = time.monotonic()
-                if now - last_watchdog[0] >= watchdog_s:
-                    notifier.watchdog()
-                    last_watchdog[0] = now
-
-            service.on_housekeeping = watchdog
-        service.on_stopping = lambda: notifier.stopping(status="draining")
+            cleanup.callback(stop_control_process, control)  # after the final snapshot: .hlog, .hgrm
+        notifier = Notifier.from_env(unset_environment=True)  # children must not notify in our name
+        cleanup.callback(notifier.close)
+        cleanup.callback(ctx.term)  # after every socket, the authenticator's too, is closed
+        auth = start_authenticator(ctx, cfg)
+        if auth is not None:
+            cleanup.callback(auth.stop)
+        service = Service(cfg, log=log)
+        cleanup.callback(service.close)
+        _prepare(service, cfg, ctx, report, notifier, log)
 
         def on_ready() -> None:
             line = (f"READY engine={service.engine.name} ({service.engine.reason}) model={service.model_version} "
@@ -116,12 +130,39 @@ def main(args: argparse.Namespace) -> int:
             notifier.ready(status=line)
 
         uvloop.run(service.run(on_ready=on_ready))
-    finally:
-        service.close()
-        if auth is not None:
-            auth.stop()
-        ctx.term()  # after every socket (the authenticator's too) is closed
-        notifier.close()
+    return _report(service, cfg, run_dir, args, wrote_hgrm=control is not None, log=log)
+
+
+def _prepare(service, cfg: Config, ctx, report, notifier, log) -> None:
+    """Sockets (with CURVE where configured), warm-up, post-warm-up placement, systemd hooks."""
+    from hft_infer.affinity import finish_warmup
+    from hft_infer.sdnotify import watchdog_interval_s
+    from hft_infer.security import curve_for_egress, curve_for_ingest
+
+    service.open_sockets(ctx, curve_ingest=curve_for_ingest(cfg), curve_egress=curve_for_egress(cfg))
+    service.warm_up()
+    finish_warmup(report, strict=cfg.cpu.strict)
+    service.placement = report.as_labels()
+    for line in report.log_block().splitlines():
+        log(line)
+    watchdog_s = watchdog_interval_s()
+    if watchdog_s is not None:
+        last = [0.0]
+
+        def watchdog() -> None:  # from housekeeping: a wedged loop stops sending it
+            now = time.monotonic()
+            if now - last[0] >= watchdog_s:
+                notifier.watchdog()
+                last[0] = now
+
+        service.on_housekeeping = watchdog
+    service.on_stopping = lambda: notifier.stopping(status="draining")
+
+
+def _report(service, cfg: Config, run_dir: Path, args: argparse.Namespace, *, wrote_hgrm: bool, log) -> int:
+    """Print the per-stage table and the accounting; write service.json (and .hgrm)."""
+    from hft_infer.metrics import format_table
+
     summary = service.summary() | {"config": to_toml_dict(cfg), "run_dir": str(run_dir)}
     print(format_table(summary["stages"], title=f"hft-infer serve: latency by stage (µs), engine={service.engine.name}"))
     acc = summary["accounting"]
@@ -133,7 +174,8 @@ def main(args: argparse.Namespace) -> int:
         print("rejected/shed by reason: " + ", ".join(f"{k}={v}" for k, v in summary["rejected_by_reason"].items()))
     text = json.dumps(summary, indent=2)
     (run_dir / "service.json").write_text(text)
-    write_hgrm(service.stages.cumulative, run_dir)
+    if not wrote_hgrm:
+        write_hgrm(service.stages.cumulative, run_dir)
     if getattr(args, "json", None):
         Path(args.json).write_text(text)
     if acc["pending"] != 0:

@@ -1,4 +1,4 @@
-"""`hft-infer record` and `hft-infer replay` (the latter a placeholder, issue 7).
+"""`hft-infer record` and `hft-infer replay`.
 
 Registered by hft_infer/cli.py, which imports this module to build the
 parser: keep module-level imports to argparse and sys (no numpy, zmq or
@@ -156,18 +156,160 @@ def read_capture_source(path: str, *, quiet: bool = False):
     return capture
 
 
-# -- replay (placeholder) ---------------------------------------------------------
-# PLACEHOLDER, issue 7: the lead fills these in with the pacer and collector
-# (replay/pacer.py, replay/collector.py). Sources are ready:
-# load_lobster_source, read_capture_source, hft_infer.replay.synthetic.
+# -- replay ----------------------------------------------------------------------
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """Placeholder: the replay options arrive with the pacer/collector."""
+    parser.description = (
+        "Replay market data through a service, open loop, and account for every event. SOURCE is "
+        "'synthetic', LOBSTER message/orderbook CSV files or folders, or a capture file from "
+        "`hft-infer record`. By default the service named by the config must be running (replay binds "
+        "its feed endpoint); --start-service runs one as a child instead.")
+    parser.add_argument("sources", nargs="+", metavar="SOURCE",
+                        help="'synthetic', LOBSTER files/folders, or a capture file (.cap)")
+    parser.add_argument("--source", choices=("auto", "synthetic", "lobster", "capture"), default="auto",
+                        help="source kind (default: from the names)")
+    parser.add_argument("-c", "--config", metavar="FILE",
+                        help="the service's config: endpoints, universe, model for --verify (default: embedded)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument("--speed", type=float, metavar="X",
+                      help="original timestamps scaled by 1/X (default for LOBSTER and captures: 1)")
+    pace.add_argument("--rate", type=float, metavar="R", help="a fixed rate, events/s (default for synthetic: 20000)")
+    pace.add_argument("--max", action="store_true", help="as fast as possible")
+    parser.add_argument("--poisson", action="store_true", help="with --rate: Poisson arrivals")
+    parser.add_argument("--events", type=int, default=200_000, help="synthetic: number of events (default 200000)")
+    parser.add_argument("--instruments", type=int, default=None, help="synthetic: instruments (default: universe)")
+    parser.add_argument("--seed", type=int, default=1, help="synthetic: seed")
+    parser.add_argument("--levels", type=int, default=None, help="book levels to send (default: the model's)")
+    parser.add_argument("--strict", action="store_true", help="LOBSTER: a malformed line is fatal")
+    parser.add_argument("--instrument-ids", metavar="IDS", help="LOBSTER: '3,4' by file or 'AAPL=3,MSFT=4' by ticker")
+    parser.add_argument("--verify", action="store_true",
+                        help="compare every decision with the model's offline reference; exit 1 on a mismatch")
+    parser.add_argument("--tolerance", type=float, default=None, help="--verify: max |score difference| (1e-4)")
+    parser.add_argument("--show-mismatches", type=int, default=10, metavar="N")
+    parser.add_argument("--start-service", action="store_true",
+                        help="run `hft-infer serve` with this config as a child for the replay")
+    parser.add_argument("--json", metavar="PATH", help="write the result JSON (bench schema) here")
+    parser.add_argument("--run-dir", metavar="DIR", help="where to write summary.json and histograms")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _source_kind(args: argparse.Namespace) -> str:
+    if args.source != "auto":
+        return args.source
+    if args.sources == ["synthetic"]:
+        return "synthetic"
+    if all(p.endswith((".cap", ".capture")) for p in args.sources):
+        return "capture"
+    return "lobster"
+
+
+def _load(args: argparse.Namespace, cfg, kind: str):
+    """(events, feed, offsets, event_record, description) for the chosen source and pacing."""
+    import numpy as np
+
+    from hft_infer.cli import UserError
+    from hft_infer.replay import pacer
+    from hft_infer.replay.capture import decode_events
+
+    levels = args.levels
+    if levels is None:
+        from hft_infer.bench import model_levels
+
+        levels = model_levels(cfg)
+    event_record = None
+    ts = None
+    if kind == "capture":
+        if len(args.sources) != 1:
+            raise UserError("replay one capture file at a time")
+        capture = read_capture_source(args.sources[0], quiet=args.quiet)
+        decoded = decode_events(capture, levels)
+        events, event_record = decoded.events, decoded.record_index
+        msgs = capture.messages()
+        feed = pacer.feed_from_frames([(m[0], m[-1]) if len(m) > 1 else (b"", m[0]) for m in msgs])
+        if capture.header.topic_frame != cfg.ingest.topic_frame:
+            raise UserError("the capture's topic framing differs from the service's (ingest.topic_frame)")
+        ts = capture.recv_ts_ns
+    elif kind == "lobster":
+        result = load_lobster_source(args.sources, levels=levels, strict=args.strict,
+                                     instrument_ids=args.instrument_ids, quiet=args.quiet)
+        events = result.events
+        feed = pacer.encode_feed(events)
+        ts = events["ts_exchange_ns"]
+    else:
+        from hft_infer.replay.synthetic import SyntheticConfig, generate
+
+        ids = cfg.universe.owned_ids()
+        n_inst = args.instruments or len(ids)
+        if n_inst > len(ids):
+            raise UserError(f"--instruments {n_inst} exceeds the service's universe ({len(ids)})")
+        events = generate(args.events, SyntheticConfig(instruments=n_inst, levels=levels, seed=args.seed,
+                                                       rate_hz=args.rate or 20_000.0))
+        if ids != list(range(len(ids))):
+            events["instrument"] = np.asarray(ids, dtype=np.uint32)[events["instrument"]]
+        feed = pacer.encode_feed(events)
+        ts = events["ts_exchange_ns"]
+    n = len(feed)
+    if n == 0:
+        raise UserError("the source holds no events")
+    if args.max:
+        return events, feed, pacer.as_fast_as_possible(n), event_record, "as fast as possible"
+    if args.rate is not None:
+        offsets = pacer.poisson_rate(n, args.rate, args.seed) if args.poisson else pacer.constant_rate(n, args.rate)
+        return events, feed, offsets, event_record, f"{args.rate:g} events/s{' Poisson' if args.poisson else ''}"
+    speed = args.speed if args.speed is not None else 1.0
+    if kind == "synthetic" and args.speed is None:
+        return events, feed, pacer.constant_rate(n, 20_000.0), event_record, "20000 events/s"
+    return events, feed, pacer.by_timestamps(np.asarray(ts), speed), event_record, f"original timing x{speed:g}"
 
 
 def replay_main(args: argparse.Namespace) -> int:
-    """Placeholder until the pacer/collector land."""
-    from hft_infer.cli import UserError
+    import json
+    import os
+    import time
+    from pathlib import Path
 
-    raise UserError("replay: not implemented yet (issue 7); the pacer/collector are being built")
+    from hft_infer.cli import UserError
+    from hft_infer.config import load_config
+    from hft_infer.drive import Load, Target, drive, print_result
+
+    if args.poisson and args.rate is None:
+        raise UserError("--poisson goes with --rate")
+    for name in ("speed", "rate"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            raise UserError(f"--{name} must be > 0")
+    cfg = load_config(args.config, args.overrides)
+    kind = _source_kind(args)
+    events, feed, offsets, event_record, how = _load(args, cfg, kind)
+    run_dir = Path(args.run_dir or os.path.join("runs", f"replay-{time.strftime('%Y%m%d-%H%M%S')}"))
+    load = Load(events, feed, offsets, description=f"{kind}, {how}", event_record=event_record)
+    out, _stats, result = drive(load, Target(cfg, args.config, list(args.overrides), args.start_service), run_dir,
+                                quiet=args.quiet, label="replay",
+                                extra={"rate_offered": float(len(feed) / max((offsets[-1] - offsets[0]) / 1e9, 1e-9))
+                                       if len(feed) > 1 and offsets[-1] > offsets[0] else None,
+                                       "source": kind, "sources": list(args.sources), "pacing": how})
+    status = 0
+    if args.verify:
+        from hft_infer.verify import DEFAULT_TOLERANCE, verify
+
+        tol = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
+        try:
+            vr = verify(result.decisions, events, cfg, tolerance=tol, service_model_version=out["model_version"])
+        except ValueError as e:
+            raise UserError(f"verify: {e}") from None
+        out["verify"] = {"compared": vr.compared, "mismatches": len(vr.mismatches), "max_abs_diff": vr.max_abs_diff,
+                         "tolerance": tol, "model_version": vr.model_version}
+        print(vr.report(args.show_mismatches), file=sys.stderr)
+        if not vr.ok or vr.compared == 0:
+            status = 1
+    text = json.dumps(out, indent=2)
+    (run_dir / "summary.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    print_result(out, f"hft-infer replay — {kind}, {how}, {out['rate_achieved']:,.0f} events/s achieved, "
+                      f"model={out['model_version']}")
+    if out["accounting"]["lost"] != 0:
+        status = 1
+    return status

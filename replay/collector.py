@@ -39,6 +39,26 @@ class CollectorResult:
     unmatched: int  # decisions that name no sent event
     outcome: np.ndarray = field(repr=False)  # per sent event: Outcome value, or -1 = lost
     decisions: list = field(repr=False, default_factory=list)
+    tick_recv_mono_ns: np.ndarray = field(repr=False, default=None)  # receive time of each measured decision
+    tick_ns: np.ndarray = field(repr=False, default=None)  # its tick-to-decision
+
+    def write_hlog(self, path: str, interval_s: float = 1.0) -> None:
+        """tick_to_decision as an HdrHistogram interval log (one interval per `interval_s`
+        of decision receive time), readable by HdrHistogram's log reader."""
+        from hft_infer.clock import EpochClock
+        from hft_infer.control.hlog import header_text, interval_line
+
+        if self.tick_ns is None or self.tick_ns.size == 0:
+            return
+        start_mono = int(self.tick_recv_mono_ns.min())
+        start_epoch_s = EpochClock().epoch(start_mono) / 1e9
+        bucket = ((self.tick_recv_mono_ns - start_mono) // int(interval_s * 1e9)).astype(np.int64)
+        with open(path, "w") as f:
+            f.write(header_text(start_epoch_s, "hft-infer tick_to_decision (collector)"))
+            for b in np.unique(bucket):
+                h = new_histogram()
+                record_array(h, self.tick_ns[bucket == b])
+                f.write(interval_line("tick_to_decision", float(b) * interval_s, interval_s, h))
 
 
 class Collector:
@@ -75,6 +95,18 @@ class Collector:
             return False
         return isinstance(msg, Status) and msg.final
 
+    def is_status(self, payload: bytes) -> bool:
+        try:
+            return isinstance(self._decode(payload), Status)
+        except Exception:  # noqa: BLE001
+            return False
+
+    def last_status(self) -> Status | None:
+        for payload in reversed(self.frames):
+            if self.is_status(payload):
+                return self._decode(payload)
+        return None
+
     def wait_final(self, timeout_s: float) -> bool:
         """Receive until the service's final Status arrives (or the timeout)."""
         deadline = perf_ns() + int(timeout_s * 1e9)
@@ -92,11 +124,12 @@ class Collector:
                 last = perf_ns()
 
     def analyse(self, instruments: np.ndarray, seqs: np.ndarray, intended_mono_ns: np.ndarray,
-                sent: int, *, measure_from: int = 0) -> CollectorResult:
+                sent: int, *, measure_from: int = 0, baseline: Status | None = None) -> CollectorResult:
         """Match decisions to the first `sent` events (instrument, seq).
 
         `measure_from`: events before this index (warm-up) are accounted for
-        but left out of `tick_to_decision`.
+        but left out of `tick_to_decision`. `baseline`: the Status of an
+        already-running service before the run; its counters are subtracted.
         """
         instruments = instruments[:sent].astype(np.int64)
         seqs = seqs[:sent].astype(np.int64)
@@ -137,7 +170,9 @@ class Collector:
         n_shed = int((st[first] == Outcome.SHED).sum())
         n_rej_answered = int((st[first] == Outcome.REJECTED).sum())
         n_conflated = int(nconf[st[first] != Outcome.REJECTED].sum())
-        svc_rejected = status.rejected if status is not None else n_rej_answered
+        svc_rejected = n_rej_answered
+        if status is not None:
+            svc_rejected = status.rejected - (baseline.rejected if baseline is not None else 0)
         n_rejected = max(n_rej_answered, svc_rejected)
         lost = sent - (n_decided + n_shed + n_conflated + n_rejected)
 
@@ -147,9 +182,12 @@ class Collector:
         keep = ev_dec >= measure_from
         ticks = t_dec[decided_mask][keep] - intended_mono_ns[ev_dec[keep]]
         record_array(hist, ticks)
+        received = None
+        if status is not None:
+            received = status.received - (baseline.received if baseline is not None else 0)
         accounting = {
             "sent": sent,
-            "received": status.received if status is not None else None,
+            "received": received,
             "decided": n_decided,
             "shed": n_shed,
             "conflated": n_conflated,
@@ -157,4 +195,4 @@ class Collector:
             "lost": lost,
         }
         return CollectorResult(accounting, summarize(hist), hist, status, duplicates, unmatched, outcome,
-                               decisions)
+                               decisions, t_dec[decided_mask][keep], ticks)

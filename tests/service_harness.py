@@ -59,13 +59,20 @@ class ServiceUnderTest:
     def endpoint(self, which: str) -> str:
         return f"ipc://{self.runtime}/{self.name}-{which}.sock"
 
-    def start(self, n_topics: int = 64, timeout_s: float = 120.0, *, publisher: zmq.Socket | None = None
-              ) -> "ServiceUnderTest":
-        """Start the service; `publisher`: an XPUB of another harness to share (shards)."""
-        self.pub = publisher if publisher is not None else open_feed_publisher(self.ctx, self.endpoint("md"))
+    def start(self, n_topics: int = 64, timeout_s: float = 120.0, *, publisher: zmq.Socket | None = None,
+              feed: bool = True) -> "ServiceUnderTest":
+        """Start the service; `publisher`: an XPUB of another harness to share (shards);
+        `feed=False`: no publisher of ours (another process binds the feed, e.g. replay),
+        ready once the first Status arrives."""
         self.service.start()
         self.collector = subscribe_decisions(self.ctx, self.endpoint("decisions"))
         self.sub = self.collector.sock
+        if not feed:
+            self.wait_for(lambda m: any(isinstance(x, Status) for x in m), timeout_s)
+            self.collector.frames.clear()
+            self.collector.recv_ns.clear()
+            return self
+        self.pub = publisher if publisher is not None else open_feed_publisher(self.ctx, self.endpoint("md"))
         self.service.wait_ready(self.pub, self.collector, n_topics, timeout_s)
         return self
 
