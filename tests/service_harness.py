@@ -40,7 +40,7 @@ class ServiceUnderTest:
     """A real `hft-infer serve` (hft_infer.launcher) plus a publisher and a collector, for tests."""
 
     def __init__(self, overrides: list[str] | None = None, *, extra_args: list[str] | None = None,
-                 name: str = "t") -> None:
+                 name: str = "t", control: bool = False) -> None:
         self.runtime = private_runtime_dir("hft-it-")
         self.run_dir = Path(self.runtime) / "run"
         self.name = name
@@ -48,7 +48,7 @@ class ServiceUnderTest:
         self.service = ServiceProcess(config=None, overrides=overrides, run_dir=self.run_dir,
                                       log_dir=Path(self.runtime),
                                       env=dict(os.environ, HFT_INFER_RUNTIME_DIR=self.runtime),
-                                      extra_args=extra_args)
+                                      extra_args=extra_args, control=control)
         self.ctx = zmq.Context()
         self.decoded = EgressDecoder().decode
 

@@ -8,12 +8,11 @@ screenshot (into pytest's tmp dir, and into $HFT_INFER_TEST_OUTPUT when set:
 `HFT_INFER_TEST_OUTPUT=docs python -m pytest tests/e2e/test_dashboard_browser.py`
 refreshes docs/dashboard.png).
 
-The live feed is the `live_dashboard` fixture. Today it is the control
-process fed by `hft_infer.control.feeder` (real Snapshots from real
-histograms over a real PUSH socket, the service's socket options). To run
-against the real service, make the fixture start `hft-infer serve
---run-dir RUN --set control.port=0` plus a bench-style load and return
-`LiveDashboard(wait_for_url(RUN), RUN, ...)`: nothing else changes.
+The live test runs against the real thing: `hft-infer serve` (which starts
+its control process, `control.port = 0`) under a steady synthetic load from a
+publisher thread. The memory test needs hundreds of frames quickly, so it
+feeds the control process with `hft_infer.control.feeder` (real Snapshots
+from real histograms over the service's socket options) at 50 ms intervals.
 """
 
 from __future__ import annotations
@@ -79,10 +78,43 @@ def _live_dashboard(sock_dir: str, run_dir: str, interval_ms: int, history_point
 
 
 @pytest.fixture
-def live_dashboard(sock_dir, tmp_path):
-    # 250 ms snapshots so that a few seconds show several updates.
-    with _live_dashboard(sock_dir, str(tmp_path / "run"), interval_ms=250, history_points=600) as live:
-        yield live
+def live_dashboard():
+    """The real service with its control process, under load; 250 ms snapshots so that a
+    few seconds show several updates."""
+    import threading
+
+    import zmq
+    from service_harness import TEST_MODEL, ServiceUnderTest, quote
+
+    from hft_infer.transport.codec import topic_for
+
+    svc = ServiceUnderTest(TEST_MODEL + ["control.port=0", "metrics.stats_interval_ms=250"], control=True)
+    stop = threading.Event()
+
+    def load() -> None:  # ~2000 events/s over 64 instruments, with real send times (the wire stage)
+        seq = [0] * 64
+        k = 0
+        while not stop.is_set():
+            inst = k % 64
+            svc.pub.send(topic_for(inst), zmq.SNDMORE)
+            svc.pub.send(quote(inst, seq[inst], ts_send_ns=time.time_ns()))
+            seq[inst] += 1
+            k += 1
+            time.sleep(0.0005)
+
+    try:
+        svc.start()
+        url = wait_for_url(str(svc.run_dir), None, WAIT_S)
+        thread = threading.Thread(target=load, daemon=True)
+        thread.start()
+        yield LiveDashboard(url, str(svc.run_dir), [svc.proc])
+        stop.set()
+        thread.join(5)
+        svc.stop()
+        assert svc.proc.returncode == 0, svc.log_tail()
+    finally:
+        stop.set()
+        svc.close()
 
 
 # --- the browser ---------------------------------------------------------------
@@ -282,7 +314,7 @@ async def test_dashboard_shows_live_percentiles(live_dashboard, chromium, tmp_pa
             by_reason = (await r.json())["frame"]["by_reason"]
     assert second["reasons"][0] == "conflated"
     assert set(second["reasons"][1:]) <= set(by_reason)
-    assert second["ringLength"] >= first["ringLength"] + 4 and second["ringCapacity"] == 600
+    assert second["ringLength"] >= first["ringLength"] + 4 and second["ringCapacity"] >= 600
 
     # Nothing fetched from anywhere but the dashboard; no script errors.
     origin = live_dashboard.url.rstrip("/")
