@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "check-config", "systemd-unit"]
+SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "dashboard", "check-config", "systemd-unit", "keys"]
 
 
 def run(*args, **kw):
