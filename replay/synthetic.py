@@ -74,7 +74,8 @@ class SyntheticConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     regime_switch_prob: Probability = 0.002
     """Per quote: probability of drawing a new spread regime."""
     move_prob: Probability = 0.12
-    """Per quote at a 1-tick spread: probability that the best prices move one tick."""
+    """Per quote at the narrowest spread: probability that the best prices move one tick
+    (x sqrt(spread / narrowest) in wider regimes)."""
     pressure_persistence: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.97
     """AR(1) coefficient, per event, of the latent order-flow pressure."""
     signal_strength: NonNegFloat = 1.5
@@ -97,8 +98,8 @@ class SyntheticConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError(f"base_prices has {len(self.base_prices)} entries for {self.instruments} instruments")
         if not self.spread_ticks:
             raise ValueError("spread_ticks must not be empty")
-        if self.move_prob * math.sqrt(max(self.spread_ticks)) > 1.0:
-            raise ValueError("move_prob * sqrt(max spread_ticks) must be <= 1")
+        if self.move_prob * math.sqrt(max(self.spread_ticks) / min(self.spread_ticks)) > 1.0:
+            raise ValueError("move_prob * sqrt(widest / narrowest spread) must be <= 1 (it is a probability)")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

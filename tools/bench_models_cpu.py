@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 cells[key] = stats_us(ns)
                 del ex
             if spec.kind == "mlp":  # one window method: the MLP reads its window from the ring
-                row = f"| {name} | {n_params / 1e6:.2f}M | {batch} | {fmt(cells['recompute'])} (mlp window) | - | - | - |"
+                row = (f"| {name} | {n_params / 1e6:.2f}M | {batch} | {fmt(cells['recompute'])} (mlp window) "
+                       f"| - | - | - |")
             else:
                 speedup = cells["recompute"][0] / cells["incremental"][0]
                 row = (f"| {name} | {n_params / 1e6:.2f}M | {batch} | {fmt(cells['recompute'])} | "

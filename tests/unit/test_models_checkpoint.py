@@ -196,7 +196,8 @@ def test_tensor_mismatches_name_the_tensor(saved, tmp_path):
     _error(r"bad\.safetensors: tensor 'lstm\.bias_hh_l1' is missing", load_model,
            _rewrite(saved, tmp_path, meta=meta, tensors=missing))
     extra = {**good, "lstm.weight_ih_l2": torch.zeros(4)}
-    _error(r"tensor 'lstm\.weight_ih_l2' is unexpected", load_model, _rewrite(saved, tmp_path, meta=meta, tensors=extra))
+    _error(r"tensor 'lstm\.weight_ih_l2' is unexpected", load_model,
+           _rewrite(saved, tmp_path, meta=meta, tensors=extra))
     shaped = {**good, "head.weight": torch.zeros(3, 9)}
     _error(r"tensor 'head\.weight' has shape \[3, 9\], expected \[3, 8\]", load_model,
            _rewrite(saved, tmp_path, meta=meta, tensors=shaped))

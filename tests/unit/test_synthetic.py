@@ -142,6 +142,8 @@ def test_zero_and_tiny_tables():
 def test_config_errors_are_one_line():
     with pytest.raises(ValueError, match="base_prices has 2 entries for 3 instruments"):
         SyntheticConfig(instruments=3, base_prices=(10.0, 20.0))
+    with pytest.raises(ValueError, match=r"move_prob \* sqrt\(widest / narrowest spread\) must be <= 1"):
+        SyntheticConfig(move_prob=0.6)
     with pytest.raises(ValueError, match="n_events"):
         generate(-1, SyntheticConfig())
     with pytest.raises(msgspec.ValidationError):
