@@ -190,8 +190,8 @@ class RunnerConfig(_Section):
     """Batch-size buckets: a batch is padded to the next bucket (one CUDA graph each on a GPU)."""
     torch_threads: PosInt = 1
     """intra-op threads for the CPU engine (1: the hot loop owns its core)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weight precision of the GPU kernels (accumulation is always float32)."""
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """GPU kernels: fp32 (plain fp32 products), tf32 (tensor cores, fp32 accumulation), bf16 (bf16 weights, fp32 accumulation). State, biases and the head are fp32 always."""
     check_graph_addresses: bool = False
     """Debug: verify before every replay that graph inputs have not moved."""
     watchdog_ms: PosInt = 1000

@@ -145,7 +145,8 @@ class Service:
 
     def warm_up(self) -> None:
         """Run every bucket before serving (lazy init, allocator, caches), then reset state."""
-        self.engine.warm_up()
+        if not self.engine.ready:  # GPU engines warm up (capture, launch) when they are chosen
+            self.engine.warm_up()
         self.store.reset()
 
     # ------------------------------------------------------------ control

@@ -3,6 +3,19 @@ short mkdtemp dirs under /tmp rather than pytest's deep tmp_path."""
 
 from __future__ import annotations
 
+import os
+
+# Triton reads TRITON_INTERPRET when hft_infer.kernels.* is first imported: without a
+# GPU, switch the CPU interpreter on before any test module can import them.
+if "TRITON_INTERPRET" not in os.environ:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except Exception:  # noqa: BLE001 - no torch: no kernels to test either
+        pass
+
 import shutil
 import tempfile
 

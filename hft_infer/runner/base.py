@@ -51,6 +51,7 @@ class Engine:
         self.scores = self._host_array(self.max_batch, np.float32)
         self.actions = self._host_array(self.max_batch, np.int64)
         self.slots[:] = sink_slot
+        self.ready = False  # warmed up (and, on a GPU, captured or launched)
 
     def _host_array(self, n: int, dtype) -> np.ndarray:
         return np.zeros(n, dtype=dtype)
@@ -74,6 +75,7 @@ class Engine:
                 self.positions[:b] = 0
                 self.step(b)
         self.reset()
+        self.ready = True
 
     def reset(self) -> None:
         raise NotImplementedError

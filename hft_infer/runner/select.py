@@ -67,16 +67,60 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
         if engine_name == "eager":
             reason = "configured eager"
         return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason)
-    raise ConfigError(f"device {device}: GPU engines are not built yet (issue 6); set runner.device = \"cpu\"")
+    if conflate:
+        if mode == "on":
+            raise ConfigError("scheduler.conflate = \"on\" is a CPU-engine feature: GPU engines step every row "
+                              "in order (their device state must see each one)")
+        conflate, sequential = False, True
+        depth = window + cfg.scheduler.max_pending_per_instrument
+    return _gpu(cfg, model, version, n_slots, depth, device)
+
+
+def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str) -> Runtime:
+    """Engine `auto`: persistent where it works (window LSTM), else graph, else eager on the CPU.
+    Each candidate is built and warmed up here, so a failure falls through to the next."""
+    from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
+
+    store = FeatureStore(n_slots, model.spec.levels, depth, pin_memory=True)
+    wanted = cfg.runner.engine
+    order = ["persistent", "graph", "eager"] if wanted == "auto" else [wanted]
+    refused: list[str] = []
+    r = cfg.runner
+    for name in order:
+        if name == "eager":
+            reason = "; ".join(refused) or "configured eager"
+            return _eager(cfg, model, version, n_slots, depth, True, False, f"eager on the CPU ({reason})",
+                          store=store)
+        if name == "persistent" and not (model.spec.kind == "lstm" and cfg.model.mode == "window"):
+            refused.append("persistent: serves window-mode LSTMs only")
+            continue
+        try:
+            kstep = KernelStep(model, mode=cfg.model.mode, window_method=cfg.model.window_method,
+                               n_slots=n_slots + 1, ring_depth=depth, max_batch=r.max_bucket,
+                               precision=r.precision, threshold=cfg.decision.threshold,
+                               hysteresis=cfg.decision.hysteresis, device=device)
+            why = "; ".join(refused + [f"{name} works here"]) if wanted == "auto" else f"configured {name}"
+            if name == "persistent":
+                engine = PersistentEngine(kstep, store, list(r.buckets), reason=why, watchdog_ms=r.watchdog_ms)
+            else:
+                engine = GraphEngine(kstep, store, list(r.buckets), reason=why,
+                                     check_addresses=r.check_graph_addresses)
+            engine.warm_up()
+            return Runtime(model, version, store, engine, True, False)
+        except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
+            if wanted != "auto":
+                raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
+            refused.append(f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    raise AssertionError("unreachable: eager is the last candidate")
 
 
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
-           reason: str) -> Runtime:
+           reason: str, store: FeatureStore | None = None) -> Runtime:
     from hft_infer.models.decision import DecisionPolicy
     from hft_infer.models.executor import build_executor
     from hft_infer.runner.eager import EagerEngine
 
-    store = FeatureStore(n_slots, model.spec.levels, depth)
+    store = store or FeatureStore(n_slots, model.spec.levels, depth)
     max_bucket = cfg.runner.max_bucket
     executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
                               window_method=cfg.model.window_method)
