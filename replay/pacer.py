@@ -133,6 +133,20 @@ class Pacer:
         self._stop = True
 
     def run(self, start_delay_ns: int = 1_000_000) -> PaceResult:
+        import gc
+
+        # A full collection over the feed's millions of objects would stall the
+        # schedule for milliseconds: freeze what exists, collect nothing mid-run.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            return self._run(start_delay_ns)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+
+    def _run(self, start_delay_ns: int) -> PaceResult:
         n = len(self.feed)
         clock = EpochClock()
         start = perf_ns() + start_delay_ns

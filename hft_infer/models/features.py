@@ -33,6 +33,8 @@ GPU kernels).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 BPS = 1e4
@@ -50,13 +52,20 @@ def trade_size_index(levels: int) -> int:
     return 4 * levels + 1
 
 
-def price_mask(levels: int) -> torch.Tensor:
-    """Boolean mask over a row: True at price positions (bid/ask prices and the trade price)."""
+def price_mask(levels: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean mask over a row: True at price positions (bid/ask prices and the trade price).
+    Cached per (levels, device): built once, never per step (and never inside a CUDA graph
+    capture, where a host-to-device copy is not allowed)."""
+    return _price_mask(levels, str(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _price_mask(levels: int, device: str) -> torch.Tensor:
     m = torch.zeros(row_width(levels), dtype=torch.bool)
     m[0:4 * levels:4] = True
     m[2:4 * levels:4] = True
     m[4 * levels] = True
-    return m
+    return m.to(device)
 
 
 def preprocess(raw: torch.Tensor, levels: int) -> torch.Tensor:
@@ -67,7 +76,7 @@ def preprocess(raw: torch.Tensor, levels: int) -> torch.Tensor:
     mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
     mid_ok = mid > 0
     safe_mid = torch.where(mid_ok, mid, torch.ones_like(mid))
-    pmask = price_mask(levels).to(raw.device)
+    pmask = price_mask(levels, raw.device)
     prices = torch.where((raw > 0) & mid_ok, (raw - safe_mid) / safe_mid * BPS, torch.zeros_like(raw))
     sizes = torch.log1p(raw.abs()) * torch.sign(raw)  # sign() only matters for the trade size
     return torch.where(pmask, prices, sizes)
