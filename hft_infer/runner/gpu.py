@@ -148,7 +148,9 @@ class GraphEngine(_GpuEngine):
         self.check_addresses = check_addresses
         self._addresses = None
         self.stream = torch.cuda.Stream(device=kstep.device)
-        self._sync = self.stream.synchronize
+        # Replays go on the current stream (a graph may be replayed on any stream): no
+        # stream context manager per step, one sync of that stream.
+        self._sync = torch.cuda.current_stream(kstep.device).synchronize
 
     def _body(self, b: int) -> None:
         k = self.kstep
@@ -195,8 +197,7 @@ class GraphEngine(_GpuEngine):
         self._stage(b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
-        with torch.cuda.stream(self.stream):
-            self.graphs[b].replay()
+        self.graphs[b].replay()
         self._sync()
         out = self._out_np
         self.scores[:n] = out[:n, 0]
