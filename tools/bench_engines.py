@@ -110,7 +110,7 @@ def main() -> int:
                 g._stage(b)
                 with torch.cuda.stream(g.stream):
                     g._body(b)
-                g._sync()
+                g.stream.synchronize()
 
         measure("eager", Eager(GraphEngine(kstep(), store, buckets, reason="bench")))
         graph = GraphEngine(kstep(), store, buckets, reason="bench")

@@ -12,8 +12,10 @@ t < W-1 the window is rows 0..t). MLP: missing rows are all-zero *raw* rows,
 oldest row first.
 
 Executors:
-- `MlpWindowExecutor`, `LstmRecomputeExecutor`: read whole windows from the
-  ring; stateless, so the scheduler may conflate triggers.
+- `MlpWindowExecutor` (the reference), `MlpCachedExecutor` (cached.py; the
+  default: the same numbers, each row's features computed once),
+  `LstmRecomputeExecutor`: read whole windows from the ring; stateless, so
+  the scheduler may conflate triggers.
 - `LstmIncrementalExecutor` (incremental.py; the default for LSTM window mode
   on CPU) and `LstmStreamExecutor`: keep per-slot recurrent state, so rows
   must be applied in order, at most one per slot per step.
@@ -224,7 +226,9 @@ def build_executor(model: WindowModel, ring: torch.Tensor, *, max_batch: int, mo
     if kind == "mlp":
         if mode != "window":
             raise ValueError(f"model {model.spec.name} is an mlp: mode 'stream' needs an lstm model")
-        return MlpWindowExecutor(model, ring, max_batch)
+        from hft_infer.models.cached import MlpCachedExecutor
+
+        return MlpCachedExecutor(model, ring, max_batch)  # same numbers as MlpWindowExecutor, row features once
     if mode == "stream":
         return LstmStreamExecutor(model, ring, max_batch)
     if window_method == "recompute":

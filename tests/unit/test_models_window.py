@@ -175,7 +175,9 @@ def test_mlp_window_pads_with_zero_raw_rows_oldest_first():
     inst, rows = _stream(500, 4, seed=6)
     ring = torch.zeros(5, 6, spec.features)  # R == W: the window exactly fills the ring
     ex = build_executor(model, ring, max_batch=4, mode="window", window_method="incremental")
-    assert isinstance(ex, MlpWindowExecutor) and not ex.stateful  # window_method does not apply
+    from hft_infer.models.cached import MlpCachedExecutor
+
+    assert isinstance(ex, MlpCachedExecutor) and not ex.stateful  # window_method does not apply
     scores, _ = _drive({"mlp": ex}, inst, rows, ring, 4, seed=7, out_dtype=torch.float64)
     zero = torch.zeros(5, spec.features)
     with torch.inference_mode():
