@@ -14,6 +14,10 @@ from hft_infer.transport.codec import SERVICE_TOPIC, ReusableEncoder, topic_for
 from hft_infer.transport.schema import Decision, Status
 
 
+_MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)  # plain ints: enum flags cost an enum per send
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
 class DecisionPublisher:
     def __init__(self, sock: zmq.Socket, instrument_ids: list[int], *, topic_frame: bool,
                  model_version: str) -> None:
@@ -39,8 +43,8 @@ class DecisionPublisher:
         sock = self.sock
         try:
             if self.topic_frame:
-                sock.send(topic, zmq.SNDMORE | zmq.NOBLOCK)
-            sock.send(payload, zmq.NOBLOCK)
+                sock.send(topic, _MORE_NOBLOCK)
+            sock.send(payload, _NOBLOCK)
         except zmq.Again:
             self.dropped += 1
             return False

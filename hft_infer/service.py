@@ -41,6 +41,8 @@ KIND_QUOTE = int(Kind.QUOTE)
 KIND_TRADE = int(Kind.TRADE)
 DECIDED, SHED, REJECTED = int(Outcome.DECIDED), int(Outcome.SHED), int(Outcome.REJECTED)
 N_REASONS = len(Reason)
+# zmq constants as plain ints (pyzmq's enum flags build an enum per use).
+_EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE), int(zmq.NOBLOCK)
 # Idle folding of raw samples: often enough that a fold is small (a fold
 # costs ~40 ns per sample), never in the middle of a burst.
 IDLE_FOLD_NS = 50_000_000
@@ -166,35 +168,45 @@ class Service:
     # ------------------------------------------------------------ ingest
 
     def _drain_ingest(self, max_frames: int) -> int:
-        """Read and process up to `max_frames` frames; returns how many were read."""
+        """Read and process up to `max_frames` frames; returns how many were read.
+
+        Readiness: the EVENTS getsockopt is the cheapest check that does not
+        raise (tools/bench_hotpath.py), but it is a system call per check. So
+        the first two messages of a drain are each preceded by it, and once a
+        burst is evident (two read) the loop just receives until zmq.Again: one
+        exception per burst instead of a check per message. Flags are plain
+        ints: pyzmq's enum flags cost an enum construction per `&`.
+        """
         sock = self.ingest_sock
         getsockopt = sock.getsockopt
         recv = sock.recv
-        EVENTS, POLLIN, RCVMORE, NOBLOCK = zmq.EVENTS, zmq.POLLIN, zmq.RCVMORE, zmq.NOBLOCK
         topic_frame = self.cfg.ingest.topic_frame
         on_frame = self._on_frame
         n = 0
-        # EVENTS is the cheapest readiness check that does not raise (a raised
-        # zmq.Again per empty poll costs more; tools/bench_hotpath.py).
-        while n < max_frames and getsockopt(EVENTS) & POLLIN:
+        while n < max_frames:
+            if n < 2 and not getsockopt(_EVENTS) & _POLLIN:
+                break
+            try:
+                first = recv(_NOBLOCK)
+            except zmq.Again:
+                break
             t_recv = perf_ns()
-            first = recv(NOBLOCK)
             n += 1
             if topic_frame:
-                if not getsockopt(RCVMORE):
+                if not getsockopt(_RCVMORE):
                     self._reject(Reason.BAD_FRAMING, None, t_recv)
                     continue
-                payload = recv(NOBLOCK)
-                if getsockopt(RCVMORE):
-                    while getsockopt(RCVMORE):
-                        recv(NOBLOCK)
+                payload = recv(_NOBLOCK)
+                if getsockopt(_RCVMORE):
+                    while getsockopt(_RCVMORE):
+                        recv(_NOBLOCK)
                     self._reject(Reason.BAD_FRAMING, None, t_recv)
                     continue
                 on_frame(first, payload, t_recv)
             else:
-                if getsockopt(RCVMORE):
-                    while getsockopt(RCVMORE):
-                        recv(NOBLOCK)
+                if getsockopt(_RCVMORE):
+                    while getsockopt(_RCVMORE):
+                        recv(_NOBLOCK)
                     self._reject(Reason.BAD_FRAMING, None, t_recv)
                     continue
                 on_frame(None, first, t_recv)
@@ -478,7 +490,7 @@ class Service:
         sock = self.ingest_sock
         # ZeroMQ's FD signals edges: input that arrived before we got here
         # raises no new edge, so look first.
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.getsockopt(_EVENTS) & _POLLIN:
             return
         wake_ns = self._next_housekeeping_ns
         due = self.sched.batch_due_ns(now)

@@ -29,6 +29,9 @@ from hft_infer.transport.codec import EgressDecoder
 from hft_infer.transport.schema import Decision, Outcome, Status
 
 
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)  # ints: no enum per call
+
+
 @dataclass
 class CollectorResult:
     accounting: dict
@@ -77,10 +80,10 @@ class Collector:
         getsockopt = sock.getsockopt
         n = 0
         frames, times = self.frames, self.recv_ns
-        while n < max_messages and getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            first = recv(zmq.NOBLOCK)
+        while n < max_messages and getsockopt(_EVENTS) & _POLLIN:
+            first = recv(_NOBLOCK)
             t = perf_ns()
-            payload = recv(zmq.NOBLOCK) if self.topic_frame else first
+            payload = recv(_NOBLOCK) if self.topic_frame else first
             frames.append(payload)
             times.append(t)
             n += 1

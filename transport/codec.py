@@ -27,14 +27,25 @@ from .schema import (
 )
 
 # The most significant byte of a little-endian float32 (every 4th byte of the
-# block, offset 3) holds the sign bit and the top 7 exponent bits. It is
-# < 0x7F exactly for non-negative values below 2**127; NaN, +-inf, every
-# negative number (and -0.0) and absurdly large values have it >= 0x7F. So
-# deleting the allowed bytes 0x00..0x7E from the high bytes leaves something
-# iff a level is bad: two C calls (~0.7 us for 10 levels on the dev VM)
-# against ~2.4 us for a numpy reduction over the same 40 values
-# (tools/bench_wire.py).
-_ALLOWED_HIGH_BYTES = bytes(range(0x7F))
+# block) holds the sign bit and the top 7 exponent bits. It is < 0x7F exactly
+# for non-negative values below 2**127; NaN, +-inf, every negative number
+# (and -0.0) and absurdly large values have it >= 0x7F. The block is checked
+# as one big integer: with M80 / M7F / M01 the masks of 0x80 / 0x7F / 0x01 in
+# every 4th byte, a high byte is bad iff its bit 7 is set, or its low 7 bits
+# are all ones -- which adding 0x01 carries into bit 7 (never across bytes).
+# Five big-int operations on 160 bytes (~1.0 us on the dev VM) against ~2.3 us
+# for a strided memoryview copy + bytes.translate and ~2.4 us for a numpy
+# reduction (tools/bench_wire.py).
+def _high_byte_masks(levels: int) -> tuple[int, int, int]:
+    floats = levels * 4
+    return (int.from_bytes(b"\x00\x00\x00\x80" * floats, "little"),
+            int.from_bytes(b"\x00\x00\x00\x7f" * floats, "little"),
+            int.from_bytes(b"\x00\x00\x00\x01" * floats, "little"))
+
+
+_MASKS = [_high_byte_masks(n) for n in range(257)]  # by n_levels (ingest.max_levels <= 256)
+_from_bytes = int.from_bytes
+
 
 _TOPIC = struct.Struct(">I")
 
@@ -71,10 +82,9 @@ def validate_quote(quote: Quote, max_levels: int) -> Reason:
         return Reason.BAD_LEVELS
     if quote.seq < 0 or quote.priority < NO_PRIORITY:
         return Reason.BAD_FIELD
-    high = quote.book[3::4]
-    if not isinstance(high, bytes):
-        high = high.tobytes()
-    if high.translate(None, _ALLOWED_HIGH_BYTES):
+    m80, m7f, m01 = _MASKS[n]
+    x = _from_bytes(quote.book, "little")
+    if x & m80 or ((x & m7f) + m01) & m80:
         return Reason.NON_FINITE
     return Reason.NONE
 
