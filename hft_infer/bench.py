@@ -72,7 +72,7 @@ def run(args: argparse.Namespace):
                 description=f"{args.rate:g} events/s for {args.duration:g} s + {args.warmup:g} s warm-up, "
                             f"{'Poisson' if args.poisson else 'constant'} arrivals")
     out, stats, _ = drive(load, Target(cfg, args.config, list(args.overrides), start_service=True), run_dir,
-                          quiet=args.quiet, label="bench",
+                          quiet=args.quiet, label="bench", spin=args.pacer == "spin",
                           extra={"rate_offered": args.rate, "duration_s": args.duration, "warmup_s": args.warmup,
                                  "instruments": n_inst})
     text = json.dumps(out, indent=2)

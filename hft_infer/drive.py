@@ -96,7 +96,7 @@ class Target:
 
 
 def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, label: str = "bench",
-          extra: dict | None = None):
+          extra: dict | None = None, spin: bool = True):
     """Returns (result dict, StatsReceiver | None, CollectorResult)."""
     from hft_infer.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
     from hft_infer.replay.pacer import Pacer
@@ -141,7 +141,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
 
         progress = None if quiet else Progress(len(load.feed), label)
         pacer = Pacer(pub, load.feed, load.offsets_ns, topic_frame=cfg.ingest.topic_frame, idle_hook=idle,
-                      progress_hook=progress.update if progress else None)
+                      progress_hook=progress.update if progress else None, spin=spin)
         if stats is not None and load.measure_from:
             stats.measure_after_ns = time.time_ns() + int(load.offsets_ns[load.measure_from] - load.offsets_ns[0])
         pace = pacer.run()

@@ -117,7 +117,7 @@ class Pacer:
     def __init__(self, sock: zmq.Socket, feed: EncodedFeed, offsets_ns: np.ndarray, *, topic_frame: bool = True,
                  idle_hook: Callable[[], object] | None = None,
                  progress_hook: Callable[[int, int], object] | None = None,
-                 progress_interval_s: float = 1.0) -> None:
+                 progress_interval_s: float = 1.0, spin: bool = True) -> None:
         if len(feed) != offsets_ns.shape[0]:
             raise ValueError("one intended offset per frame")
         self.sock = sock
@@ -127,6 +127,10 @@ class Pacer:
         self.idle_hook = idle_hook
         self.progress_hook = progress_hook
         self.progress_interval_ns = int(progress_interval_s * 1e9)
+        # spin=False: sleep through every wait (less accurate, lateness recorded): for
+        # machines where a spinning pacer would share cores with a spinning service.
+        self.sleep_threshold_ns = SLEEP_THRESHOLD_NS if spin else 0
+        self.sleep_margin_ns = SLEEP_MARGIN_NS if spin else 0
         self._stop = False
 
     def stop(self) -> None:
@@ -162,16 +166,17 @@ class Pacer:
         progress = self.progress_hook
         next_progress = start + self.progress_interval_ns
         topic_frame = self.topic_frame
+        sleep_threshold, sleep_margin = self.sleep_threshold_ns, self.sleep_margin_ns
         i = 0
         while i < n and not self._stop:
             target = targets[i]
             now = perf_ns()
             while now < target:
                 ahead = target - now
-                if ahead > SLEEP_THRESHOLD_NS:
+                if ahead > sleep_threshold:
                     if idle is not None:
                         idle()
-                    time.sleep((ahead - SLEEP_MARGIN_NS) / 1e9)
+                    time.sleep((ahead - sleep_margin) / 1e9)
                 elif idle is not None and ahead > IDLE_HOOK_MIN_NS:
                     idle()
                 now = perf_ns()

@@ -24,8 +24,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hft_infer.models.base import WindowModel
+from hft_infer.models.base import DOWN, UP, WindowModel
 from hft_infer.models.executor import Executor
+from hft_infer.models.features import preprocess
+
+
+def scores_np(logits: np.ndarray, out: np.ndarray) -> None:
+    """softmax(logits)[up] - softmax(logits)[down] (base.scores_from_logits), numpy, into `out`."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.divide(e[:, UP] - e[:, DOWN], e.sum(axis=1), out=out, casting="unsafe")
 
 
 class MlpCachedExecutor(Executor):
@@ -38,6 +45,13 @@ class MlpCachedExecutor(Executor):
         w = self.window
         self.feat = torch.zeros(s, r, f, dtype=self.dtype)
         self._feat_flat = self.feat.view(s * r, f)
+        # numpy views of the same memory: the per-step tail (new rows' transform, scores)
+        # is numpy, where a small operation costs ~1 us against ~5 us in torch.
+        self._feat_np = self._feat_flat.numpy()
+        self._ring_np = self._ring_flat.numpy()
+        self._mean_np = model.norm_mean.detach().numpy().astype(self._feat_np.dtype)
+        self._inv_std_np = model.norm_inv_std.detach().numpy().astype(self._feat_np.dtype)
+        self._levels = model.spec.levels
         self.upto = np.zeros(s, dtype=np.int64)  # rows < upto[slot] have their features in self.feat
         self._sink_base = (s - 1) * r  # the padding sink's rows hold the zero row's features
         self._offsets = np.arange(-w + 1, 1, dtype=np.int64)
@@ -67,10 +81,9 @@ class MlpCachedExecutor(Executor):
         total = int(k.sum())
         if total:
             first = np.repeat(start - (np.cumsum(k) - k), k)  # position of each new row, vectorised
-            rows_pos = first + np.arange(total)
-            flat = torch.from_numpy(np.repeat(s, k) * r + rows_pos % r)
-            feats = self.model.features(torch.index_select(self._ring_flat, 0, flat))
-            self._feat_flat.index_copy_(0, flat, feats)
+            flat = np.repeat(s, k) * r + (first + np.arange(total)) % r
+            raw = self._ring_np[flat].astype(self._feat_np.dtype, copy=False)
+            self._feat_np[flat] = (preprocess(raw, self._levels) - self._mean_np) * self._inv_std_np
             np.maximum.at(self.upto, s, p + 1)
         # 2. gather the windows from the feature ring (missing history -> the sink's zero-row features)
         pw = p[:, None] + self._offsets
@@ -79,4 +92,5 @@ class MlpCachedExecutor(Executor):
         h = x.view(n, -1)
         for (wt, b), buf in zip(self._layers, self._hidden):
             h = torch.addmm(b, h, wt.t(), out=buf[:n]).relu_()
-        self._head_into(h, out)
+        logits = torch.addmm(self._head_b, h, self._head_w.t(), out=self._logits[:n]).numpy()
+        scores_np(logits, out.numpy())

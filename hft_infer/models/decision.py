@@ -10,6 +10,7 @@ scores' dtype (a float32 score is compared with float32(threshold)).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -25,6 +26,7 @@ class DecisionPolicy:
         self.hysteresis = float(hysteresis)
         self.n_slots = n_slots
         self._held = torch.zeros(n_slots, dtype=torch.int8)
+        self._held_np = self._held.numpy()  # same memory, for apply_numpy
         self._alloc(max_batch)
 
     def _alloc(self, n: int) -> None:
@@ -40,6 +42,20 @@ class DecisionPolicy:
     def held(self) -> torch.Tensor:
         """int8 [n_slots]: the last action per slot (read-only view for tests and snapshots)."""
         return self._held
+
+    def apply_numpy(self, slots: np.ndarray, scores: np.ndarray, out_actions: np.ndarray) -> None:
+        """`apply` on numpy arrays (the CPU engine's host buffers): same rule, same held state.
+        A batch of a few entries costs ~10 numpy operations instead of ~15 torch ones."""
+        dt = scores.dtype.type
+        thr, stay = dt(self.threshold), dt(self.threshold - self.hysteresis)
+        prev = self._held_np[slots]
+        act = np.zeros(slots.shape[0], dtype=np.int8)
+        act[(prev == 1) & (scores >= stay)] = 1
+        act[(prev == -1) & (scores <= -stay)] = -1
+        act[scores > thr] = 1  # a fresh signal beats a held position
+        act[scores < -thr] = -1
+        self._held_np[slots] = act
+        out_actions[:] = act
 
     def apply(self, slots: torch.Tensor, scores: torch.Tensor, out_actions: torch.Tensor) -> None:
         """slots int64 [n], scores float [n] -> out_actions (int8 or int64) [n]; updates the held state.

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 BPS = 1e4
@@ -60,27 +61,36 @@ def price_mask(levels: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _price_mask(levels: int, device: str) -> torch.Tensor:
-    m = torch.zeros(row_width(levels), dtype=torch.bool)
+def _price_mask(levels: int, device: str):
+    m = np.zeros(row_width(levels), dtype=bool)
     m[0:4 * levels:4] = True
     m[2:4 * levels:4] = True
     m[4 * levels] = True
-    return m.to(device)
+    return m if device == "numpy" else torch.from_numpy(m).to(device)
 
 
-def preprocess(raw: torch.Tensor, levels: int) -> torch.Tensor:
-    """Raw rows (..., F) -> features (..., F), in the dtype of `raw`. Pure, batched."""
+def preprocess(raw, levels: int):
+    """Raw rows (..., F) -> features (..., F), in the dtype of `raw`. Pure, batched.
+
+    One definition for torch tensors and numpy arrays (the same operations,
+    from the array's own namespace): the CPU engine transforms a few new rows
+    per step in numpy, where an operation costs ~1 us against ~5 us in torch
+    on small arrays (tools/bench_hotpath.py); models and GPU references use torch.
+    """
     f = row_width(levels)
     if raw.shape[-1] != f:
         raise ValueError(f"raw rows have width {raw.shape[-1]}, expected {f} for {levels} levels")
+    if isinstance(raw, np.ndarray):
+        xp, pmask = np, _price_mask(levels, "numpy")
+    else:
+        xp, pmask = torch, price_mask(levels, raw.device)
     mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
     mid_ok = mid > 0
-    safe_mid = torch.where(mid_ok, mid, torch.ones_like(mid))
-    pmask = price_mask(levels, raw.device)
-    prices = torch.where((raw > 0) & mid_ok, (raw - safe_mid) / safe_mid * BPS, torch.zeros_like(raw))
-    sizes = torch.log1p(raw.abs()) * torch.sign(raw)  # sign() only matters for the trade size
-    return torch.where(pmask, prices, sizes)
+    safe_mid = xp.where(mid_ok, mid, xp.ones_like(mid))
+    prices = xp.where((raw > 0) & mid_ok, (raw - safe_mid) / safe_mid * BPS, xp.zeros_like(raw))
+    sizes = xp.log1p(xp.abs(raw)) * xp.sign(raw)  # sign() only matters for the trade size
+    return xp.where(pmask, prices, sizes)
 
 
-def normalise(features: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
+def normalise(features, mean, inv_std):
     return (features - mean) * inv_std

@@ -32,10 +32,11 @@ class EagerEngine(Engine):
                        for b in self.bucket_map.buckets}
 
     def step(self, n: int) -> None:
-        slots, positions, scores, actions = self._views[self.pad(n)]
+        b = self.pad(n)
+        slots, positions, scores, actions = self._views[b]
         with torch.inference_mode():
             self.executor.step(slots, positions, scores)
-            self.policy.apply(slots, scores, actions)
+        self.policy.apply_numpy(self.slots[:b], self.scores[:b], self.actions[:b])
 
     def reset(self) -> None:
         self.executor.reset()

@@ -83,3 +83,24 @@ def test_bad_arguments():
         DecisionPolicy(0.5, -0.1, 1)
     with pytest.raises(ValueError, match="n_slots must be >= 1"):
         DecisionPolicy(0.5, 0.0, 0)
+
+
+def test_numpy_apply_equals_torch_apply_and_shares_the_held_state():
+    import numpy as np
+    import torch
+
+    from hft_infer.models.decision import DecisionPolicy
+
+    rng = np.random.default_rng(5)
+    a, b = DecisionPolicy(0.2, 0.05, 16, 8), DecisionPolicy(0.2, 0.05, 16, 8)
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        slots = rng.permutation(16)[:n].astype(np.int64)
+        scores = rng.uniform(-0.4, 0.4, n).astype(np.float32)
+        scores[rng.random(n) < 0.1] = np.float32(0.2)  # exactly at the threshold
+        out_t = torch.empty(n, dtype=torch.int64)
+        out_n = np.empty(n, dtype=np.int64)
+        a.apply(torch.from_numpy(slots), torch.from_numpy(scores), out_t)
+        b.apply_numpy(slots, scores, out_n)
+        assert out_t.tolist() == out_n.tolist()
+        assert torch.equal(a.held, b.held)
