@@ -25,6 +25,12 @@ if [ "$phase" = smoke ]; then
   step kernel_tests 300 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
   step bench_engines_quick 120 python3 tools/bench_engines.py --steps 300 --models lstm_a --batches 1,8
   step e2e_quick 150 hft-infer bench -c configs/gpu.toml --rate 5000 --duration 2 --quiet --json "$OUT/e2e_quick.json"
+elif [ "$phase" = final ]; then
+  # the pacer/collector on core 2, the service placed by cpu.cores = "auto" (configs/gpu.toml)
+  step bench_engines 200 python3 tools/bench_engines.py --steps 3000 --json "$OUT/bench_engines.json"
+  for r in 10000 30000 50000 100000; do
+    step e2e_$r 90 taskset -c 2 hft-infer bench -c configs/gpu.toml --rate $r --duration 5 --quiet --json "$OUT/e2e_$r.json"
+  done
 else
   step bench_kernels 260 python3 tools/bench_kernels.py
   cp -f bench_kernels.json "$OUT/" 2>/dev/null
