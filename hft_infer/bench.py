@@ -37,6 +37,15 @@ def main(args: argparse.Namespace) -> int:
     return 0 if out["accounting"]["lost"] == 0 else 1
 
 
+def pacer_spins(choice: str) -> bool:
+    """`--pacer auto`: a spinning pacer needs a core of its own next to the service and the
+    I/O threads; on a 2-core machine it starves them (measured: tick-to-decision p50 9 ms
+    spinning vs 1.1-1.8 ms sleeping at 10k events/s on the dev VM, BENCHMARKS.md)."""
+    if choice == "auto":
+        return (os.cpu_count() or 1) >= 4
+    return choice == "spin"
+
+
 def model_levels(cfg: Config) -> int:
     from hft_infer.models.checkpoint import load_model
 
@@ -72,7 +81,7 @@ def run(args: argparse.Namespace):
                 description=f"{args.rate:g} events/s for {args.duration:g} s + {args.warmup:g} s warm-up, "
                             f"{'Poisson' if args.poisson else 'constant'} arrivals")
     out, stats, _ = drive(load, Target(cfg, args.config, list(args.overrides), start_service=True), run_dir,
-                          quiet=args.quiet, label="bench", spin=args.pacer == "spin",
+                          quiet=args.quiet, label="bench", spin=pacer_spins(args.pacer),
                           extra={"rate_offered": args.rate, "duration_s": args.duration, "warmup_s": args.warmup,
                                  "instruments": n_inst})
     text = json.dumps(out, indent=2)

@@ -110,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the result JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="keep the service's histograms and logs here")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--pacer", choices=("spin", "sleep"), default="spin",
-                   help="spin: hit send times by spinning (accurate); sleep: sleep through every wait, for "
-                        "machines with too few cores to give a busy-polling service and the pacer one each")
+    p.add_argument("--pacer", choices=("auto", "spin", "sleep"), default="auto",
+                   help="spin: hit send times by spinning (accurate); sleep: sleep through every wait (for "
+                        "machines with too few cores to give the service, the pacer and their I/O threads "
+                        "one each); auto (default): spin with 4 or more cores, else sleep")
     p.add_argument("--quiet", action="store_true", help="no live progress display")
     p.set_defaults(func=_lazy("hft_infer.bench", "main"))
 

@@ -26,7 +26,7 @@ import zmq
 from hft_infer.clock import perf_ns
 from hft_infer.metrics import new_histogram, record_array, summarize
 from hft_infer.transport.codec import EgressDecoder
-from hft_infer.transport.schema import Decision, Outcome, Status
+from hft_infer.transport.schema import Outcome, Status
 
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)  # ints: no enum per call

@@ -43,6 +43,12 @@ SLEEP_MARGIN_NS = 1_000_000
 # While spinning ahead of schedule, call the idle hook (collector) when at
 # least this much time is left before the next send.
 IDLE_HOOK_MIN_NS = 20_000
+# A sleeping pacer (spin=False) sleeps in slices of this length and runs the
+# idle hook between them: the collector shares the thread, and a decision
+# that arrives during a long sleep must be timestamped when it arrives, not
+# when the next send is due (that would add up to a whole inter-send gap to
+# the measured latency).
+SLEEP_SLICE_NS = 100_000
 
 
 def constant_rate(n: int, rate: float) -> np.ndarray:
@@ -131,6 +137,7 @@ class Pacer:
         # machines where a spinning pacer would share cores with a spinning service.
         self.sleep_threshold_ns = SLEEP_THRESHOLD_NS if spin else 0
         self.sleep_margin_ns = SLEEP_MARGIN_NS if spin else 0
+        self.sleep_slice_ns = None if spin else SLEEP_SLICE_NS
         self._stop = False
 
     def stop(self) -> None:
@@ -167,6 +174,7 @@ class Pacer:
         next_progress = start + self.progress_interval_ns
         topic_frame = self.topic_frame
         sleep_threshold, sleep_margin = self.sleep_threshold_ns, self.sleep_margin_ns
+        slice_ns = self.sleep_slice_ns
         i = 0
         while i < n and not self._stop:
             target = targets[i]
@@ -176,7 +184,8 @@ class Pacer:
                 if ahead > sleep_threshold:
                     if idle is not None:
                         idle()
-                    time.sleep((ahead - sleep_margin) / 1e9)
+                    nap = ahead - sleep_margin
+                    time.sleep((nap if slice_ns is None or nap < slice_ns else slice_ns) / 1e9)
                 elif idle is not None and ahead > IDLE_HOOK_MIN_NS:
                     idle()
                 now = perf_ns()

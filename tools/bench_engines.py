@@ -87,7 +87,6 @@ def main() -> int:
         pos = 10_000
 
         def measure(vname, eng):
-            nonlocal pos
             for b in buckets:
                 slots = np.arange(b) % n_slots
 

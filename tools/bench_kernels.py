@@ -96,33 +96,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _ensure_package() -> None:
-    """Import hft_infer.kernels from this checkout when the package is not installed
-    (a bare GPU machine): kernels/ is mapped to hft_infer.kernels by pyproject."""
+    """The kernels import as hft_infer.kernels: the project must be installed (pip install -e .,
+    as tools/gpu_session.sh does on the GPU machine)."""
     try:
         import hft_infer.kernels  # noqa: F401
-        return
     except ImportError:
-        pass
-    import importlib.util
-    import types
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if "hft_infer" not in sys.modules:
-        try:
-            sys.path.insert(0, root)
-            import hft_infer  # noqa: F401
-        except ImportError:
-            pkg = types.ModuleType("hft_infer")
-            pkg.__path__ = [os.path.join(root, "hft_infer")]
-            sys.modules["hft_infer"] = pkg
-    spec = importlib.util.spec_from_file_location("hft_infer.kernels", os.path.join(root, "kernels", "__init__.py"),
-                                                  submodule_search_locations=[os.path.join(root, "kernels")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["hft_infer.kernels"] = mod
-    spec.loader.exec_module(mod)
-
-
-# --------------------------------------------------------------------------- data and models
+        sys.exit("bench_kernels: install the project first (pip install -e . --no-deps)")
 
 
 def make_rows(n: int, levels: int, gen: torch.Generator) -> torch.Tensor:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from hft_infer.fuzz import mutate
 from hft_infer.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
 from hft_infer.transport.codec import EgressDecoder, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Quote, Reason, Status, Trade
@@ -45,16 +46,7 @@ def corpus(rng: random.Random, n: int) -> list[list[bytes]]:
             frames.append([topic + os.urandom(rng.randint(0, 50))] if rng.random() < 0.5
                           else [topic, rng.choice(seeds), b"x"])
             continue
-        b = bytearray(rng.choice(seeds))
-        for _ in range(rng.randint(1, 8)):
-            op, pos = rng.random(), rng.randrange(max(len(b), 1))
-            if op < 0.5 and b:
-                b[pos] = rng.randrange(256)
-            elif op < 0.75:
-                del b[pos:pos + rng.randint(1, 16)]
-            else:
-                b[pos:pos] = os.urandom(rng.randint(1, 16))
-        frames.append([topic, bytes(b)])
+        frames.append([topic, mutate(rng.choice(seeds), rng, max_ops=8, max_span=16)])
     return frames
 
 

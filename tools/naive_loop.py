@@ -96,7 +96,8 @@ def _json_feed(events):
     return EncodedFeed(topics, payloads, [-1] * len(payloads))
 
 
-def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_p99_ms: float) -> dict:
+def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_p99_ms: float,
+              spin: bool = True) -> dict:
     from hft_infer.launcher import private_runtime_dir
     from hft_infer.replay.pacer import Pacer, constant_rate
     from hft_infer.replay.synthetic import SyntheticConfig, generate
@@ -130,7 +131,7 @@ def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_
                 got_t.append(perf_ns())
                 got_p.append(parts[1])
 
-        pace = Pacer(pub, feed, constant_rate(n, rate), idle_hook=idle).run()
+        pace = Pacer(pub, feed, constant_rate(n, rate), idle_hook=idle, spin=spin).run()
         deadline = time.monotonic() + 30
         last = time.monotonic()
         while time.monotonic() < deadline and len(got_p) < n and time.monotonic() - last < 3:
@@ -160,11 +161,12 @@ def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_
             "lost": lost, "sustained": lost == 0 and s["p99_us"] is not None and s["p99_us"] < sustain_p99_ms * 1e3}
 
 
-def run_hft(rate: float, duration: float, seed: int, sustain_p99_ms: float, extra: list[str]) -> dict:
+def run_hft(rate: float, duration: float, seed: int, sustain_p99_ms: float, extra: list[str],
+            pacer: str = "spin") -> dict:
     from hft_infer.bench import run
 
     args = build_parser().parse_args(["bench", "--rate", str(rate), "--duration", str(duration), "--warmup", "1",
-                                      "--seed", str(seed), "--quiet", *extra])
+                                      "--seed", str(seed), "--quiet", "--pacer", pacer, *extra])
     out, _ = run(args)
     s = out["tick_to_decision"]
     lost = out["accounting"]["lost"]
@@ -176,10 +178,10 @@ def run_hft(rate: float, duration: float, seed: int, sustain_p99_ms: float, extr
 def compare(a: argparse.Namespace) -> int:
     rows = []
     for rate in [float(x) for x in a.rates.split(",")]:
-        rows.append(run_naive(rate, a.duration, a.seed, a.checkpoint, a.sustain_p99_ms))
+        rows.append(run_naive(rate, a.duration, a.seed, a.checkpoint, a.sustain_p99_ms, spin=a.pacer == "spin"))
         print(_fmt(rows[-1]), file=sys.stderr, flush=True)
     for rate in [float(x) for x in a.hft_rates.split(",")]:
-        rows.append(run_hft(rate, a.duration, a.seed, a.sustain_p99_ms, a.hft_args))
+        rows.append(run_hft(rate, a.duration, a.seed, a.sustain_p99_ms, a.hft_args, a.pacer))
         print(_fmt(rows[-1]), file=sys.stderr, flush=True)
     naive_ok = [r for r in rows if r["impl"] == "naive" and r["sustained"]]
     hft_ok = [r for r in rows if r["impl"] == "hft-infer" and r["sustained"]]
@@ -192,7 +194,7 @@ def compare(a: argparse.Namespace) -> int:
         best = max(naive_ok, key=lambda r: r["rate"])
         same = next((r for r in rows if r["impl"] == "hft-infer" and r["rate"] == best["rate"]), None)
         if same is None:
-            same = run_hft(best["rate"], a.duration, a.seed, a.sustain_p99_ms, a.hft_args)
+            same = run_hft(best["rate"], a.duration, a.seed, a.sustain_p99_ms, a.hft_args, a.pacer)
             rows.append(same)
         ratio = best["tick_to_decision"]["p99_us"] / same["tick_to_decision"]["p99_us"]
         top = max((r["rate"] for r in hft_ok), default=0.0)
@@ -232,6 +234,9 @@ def main() -> int:
     c.add_argument("--checkpoint", default="builtin:default")
     c.add_argument("--sustain-p99-ms", type=float, default=20.0)
     c.add_argument("--json")
+    c.add_argument("--pacer", choices=("spin", "sleep"), default="sleep",
+                   help="sleep (default): on a 2-core machine a spinning pacer takes a whole core that the "
+                        "service's and publishers' I/O threads need")
     c.add_argument("hft_args", nargs=argparse.REMAINDER, help="extra hft-infer bench args after --")
     a = ap.parse_args()
     if a.cmd == "serve":

@@ -30,6 +30,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where it is used: building the CLI parser stays light
+    import numpy as np
 
 SUMMARY_FILES = ("summary.json", "service.json")
 TABLE_KEYS = (("p50_us", "p50"), ("p99_us", "p99"), ("p999_us", "p99.9"), ("max_us", "max"))

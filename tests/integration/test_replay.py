@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import zmq
 from service_harness import TEST_MODEL, ServiceUnderTest
 

@@ -7,10 +7,10 @@ import os
 import random
 import time
 
-import numpy as np
 import zmq
 from service_harness import TEST_MODEL, ServiceUnderTest, quote
 
+from hft_infer.fuzz import mutate
 from hft_infer.transport.codec import topic_for
 from hft_infer.transport.schema import Decision, Outcome, Reason, Status
 
@@ -96,17 +96,7 @@ def test_fuzzed_frames_are_all_rejected_with_a_reason_and_never_crash():
         if choice < 0.3:
             payload = os.urandom(rng.randint(0, 300))
         else:
-            b = bytearray(rng.choice(good))
-            for _ in range(rng.randint(1, 6)):
-                op = rng.random()
-                pos = rng.randrange(len(b)) if b else 0
-                if op < 0.5 and b:
-                    b[pos] = rng.randrange(256)
-                elif op < 0.75:
-                    del b[pos:pos + rng.randint(1, 8)]
-                else:
-                    b[pos:pos] = os.urandom(rng.randint(1, 8))
-            payload = bytes(b)
+            payload = mutate(rng.choice(good), rng)
         frames.append((topic_for(rng.randrange(64)), payload))
     with ServiceUnderTest() as svc:
         svc.start()

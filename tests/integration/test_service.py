@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-import msgspec
 import numpy as np
-import pytest
 from service_harness import TEST_MODEL, ServiceUnderTest, quote
 
 from hft_infer.metrics import SERVICE_STAGES

@@ -13,7 +13,6 @@ from hft_infer.models import PRESETS, build_model, dataset as ds
 from hft_infer.models.executor import (
     LstmRecomputeExecutor,
     LstmStreamExecutor,
-    MlpWindowExecutor,
     build_executor,
 )
 from hft_infer.models.features import preprocess
