@@ -270,6 +270,6 @@ def test_an_existing_file_is_not_overwritten_without_force(tmp_path):
     assert r.returncode == 2 and "exists: pass --force" in r.stderr and out.read_bytes() == b"precious"
 
 
-def test_replay_is_a_clear_placeholder():
+def test_replay_without_a_source_is_a_usage_error():
     r = subprocess.run([*CLI_MAIN, "replay"], capture_output=True, text=True, timeout=WAIT_S)
-    assert r.returncode == 2 and "not implemented yet (issue 7)" in r.stderr
+    assert r.returncode == 2 and "SOURCE" in r.stderr and "Traceback" not in r.stderr
