@@ -190,6 +190,18 @@ class LstmWindowEngine:
             with torch.cuda.stream(self.stream):
                 _lstm_engine_kernel[grid](*args, **kw)
 
+    def precompile(self) -> None:
+        """Compile and load the kernel without serving: a run started with the stop flag
+        raised exits at once. Call before the real `start()`, since nothing may wait on
+        the GPU (a compile, a synchronize) while the engine kernel spins."""
+        self.reset_flags()
+        self._ctrl_np[CTRL_STOP] = 1
+        self.start()
+        self.stop()
+        if self.stream is not None:
+            torch.cuda.synchronize()
+        self.reset_flags()
+
     def submit(self, n: int) -> None:
         """Hand the staged rows[:n], slots[:n], positions[:n] to the kernel."""
         if not 0 < n <= self.max_batch:  # cold: the device staging holds max_batch rows

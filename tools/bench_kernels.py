@@ -350,11 +350,7 @@ def _compile_job(name: str, key: str, batches: list[int]) -> str:
             v = TritonLstmWindow(model, dev, N_INST, key[len("engine-"):])
             for b in sorted(set(batches)):
                 eng = LstmWindowEngine(v.w, v.ws, v.h, v.c, v.thr, v.held, max_batch=b, ring=v.ring)
-                eng.reset_flags()
-                eng.ctrl[2] = 1  # exits at once: compiles and loads only
-                eng.start()
-                eng.stop()
-            torch.cuda.synchronize()
+                eng.precompile()
             return f"{name}/{key}: {time.time() - t0:.1f}s"
         v = make_variant(model, dev, key, N_INST)
         for b in sorted(set(batches) | {N_INST}):
@@ -656,13 +652,7 @@ def _engine_one(model: Model, precision: str, batch: int, args, dev) -> dict:
     ref = (seq[:, -1] @ p64.head_weight.t() + p64.head_bias).cpu()
     pool = make_rows(64 * batch, model.spec["levels"], gen).view(64, batch, model.features)
     eng = LstmWindowEngine(v.w, v.ws, v.h, v.c, v.thr, v.held, max_batch=batch, ring=v.ring)
-    # compile and load before the real start (nothing may wait on the GPU while it runs)
-    eng.reset_flags()
-    eng.ctrl[2] = 1
-    eng.start()
-    eng.stop()
-    torch.cuda.synchronize()
-    eng.reset_flags()
+    eng.precompile()
     eng.slots[:batch] = torch.arange(batch, dtype=torch.int32)
     eng.rows[:batch] = new
     eng.positions[:batch] = prefill

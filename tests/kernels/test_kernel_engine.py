@@ -96,13 +96,7 @@ def _gpu_child(precision: str) -> None:
     held = torch.zeros(n_inst + 1, dtype=torch.int32, device=dev)
     thr = torch.tensor([0.125, 0.0625], device=dev)
     eng = LstmWindowEngine(w, ws, h, c, thr, held, max_batch=max_batch)
-    # compile and load the kernel before the real start: a stop-flagged run exits at once
-    eng.reset_flags()
-    eng.ctrl[2] = 1
-    eng.start()
-    eng.stop()
-    torch.cuda.synchronize()
-    eng.reset_flags()
+    eng.precompile()
     p64 = params.to(torch.float64)
     h64 = torch.zeros(n_inst + 1, layers, window, hidden, dtype=torch.float64)
     c64 = torch.zeros_like(h64)
