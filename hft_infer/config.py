@@ -98,7 +98,7 @@ class EgressConfig(_Section):
 class UniverseConfig(_Section):
     instruments: PosInt = 64
     """Instrument ids 0..instruments-1 (ignored when `ids` is given)."""
-    ids: list[Annotated[int, Meta(ge=0, le=0xFFFFFFFE)]] = []
+    ids: list[Annotated[int, Meta(ge=0, le=0xFFFFFFFD)]] = []
     """Explicit instrument ids; their order fixes the feature-store slots."""
     shard_index: NonNegInt = 0
     """This instance's shard (see shard_count); `serve --shard I/N` sets both."""

@@ -71,8 +71,8 @@ def record_main(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not (args.force or args.append):
         raise UserError(f"{args.out} exists: pass --force to overwrite it or --append to add to it")
     for i in args.instrument or ():
-        if not 0 <= i <= 0xFFFFFFFE:
-            raise UserError(f"--instrument {i} is outside 0..4294967294")
+        if not 0 <= i <= 0xFFFFFFFD:
+            raise UserError(f"--instrument {i} is outside 0..4294967293")
     topics = [topic_for(i) for i in args.instrument] if args.instrument else None
 
     def ready(resolved: str) -> None:

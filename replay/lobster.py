@@ -62,7 +62,7 @@ PRICE_SCALE = 10_000
 DUMMY_ASK_PRICE = 9_999_999_999
 DUMMY_BID_PRICE = -9_999_999_999
 MESSAGE_COLUMNS = 6
-MAX_INSTRUMENT_ID = 0xFFFFFFFE  # 0xFFFFFFFF is the service topic
+MAX_INSTRUMENT_ID = 0xFFFFFFFD  # 0xFFFFFFFF: service topic, 0xFFFFFFFE: DecisionBatch topic
 
 # Lines per loadtxt call: big enough that the call overhead vanishes, small
 # enough that a 10-level chunk's int64 table stays ~20 MB.

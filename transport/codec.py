@@ -14,10 +14,13 @@ import msgspec
 import numpy as np
 
 from .schema import (
+    BATCH_TOPIC_ID,
     BYTES_PER_LEVEL,
+    DECISION_BATCH_COLUMNS,
     NO_PRIORITY,
     SERVICE_TOPIC_ID,
     Decision,
+    DecisionBatch,
     EgressMessage,
     IngressMessage,
     Quote,
@@ -56,6 +59,22 @@ def topic_for(instrument: int) -> bytes:
 
 
 SERVICE_TOPIC = topic_for(SERVICE_TOPIC_ID)
+BATCH_TOPIC = topic_for(BATCH_TOPIC_ID)
+
+
+def decision_batch_columns(batch: DecisionBatch) -> dict[str, np.ndarray]:
+    """The columns of a DecisionBatch as numpy arrays (views of the frame's bytes)."""
+    return {name: np.frombuffer(getattr(batch, name), dtype=dt, count=batch.n)
+            for name, dt in DECISION_BATCH_COLUMNS}
+
+
+def decisions_of_batch(batch: DecisionBatch) -> list[Decision]:
+    """A DecisionBatch as the Decision messages it stands for (tests, clients, cold paths)."""
+    cols = decision_batch_columns(batch)
+    rows = zip(*(cols[name].tolist() for name, _ in DECISION_BATCH_COLUMNS))
+    return [Decision(inst, seq, status, reason, action, score, nconf, ts_send, ts_recv, batch.ts_decision_ns,
+                     batch.model_version)
+            for inst, seq, status, reason, action, score, nconf, ts_send, ts_recv in rows]
 
 
 def instrument_of_topic(topic) -> int:
@@ -175,7 +194,9 @@ def encode(msg) -> bytes:
 
 
 __all__ = [
+    "BATCH_TOPIC",
     "Decision",
+    "DecisionBatch",
     "EgressDecoder",
     "IngressDecoder",
     "ReusableEncoder",
@@ -183,6 +204,8 @@ __all__ = [
     "Status",
     "book_array",
     "classify",
+    "decision_batch_columns",
+    "decisions_of_batch",
     "encode",
     "instrument_of_topic",
     "pack_book",

@@ -24,16 +24,24 @@ import msgspec
 TAG_QUOTE = 1
 TAG_TRADE = 2
 TAG_HEARTBEAT = 3
+TAG_RESET = 4
 TAG_DECISION = 16
 TAG_STATUS = 17
+TAG_DECISION_BATCH = 18
 
 # Floats per book level in the packed block, and bytes per level.
 FIELDS_PER_LEVEL = 4
 BYTES_PER_LEVEL = FIELDS_PER_LEVEL * 4
 
 # Topic frames are 4-byte big-endian instrument ids, so a SUB prefix filter
-# on them is an exact match. Service-level messages (Status) use this topic.
+# on them is an exact match. Service-level messages (Status; on the feed,
+# Heartbeat and a Reset of every instrument) use SERVICE_TOPIC_ID;
+# DecisionBatch frames use BATCH_TOPIC_ID. Instrument ids are therefore
+# 0..MAX_INSTRUMENT_ID.
 SERVICE_TOPIC_ID = 0xFFFFFFFF
+BATCH_TOPIC_ID = 0xFFFFFFFE
+MAX_INSTRUMENT_ID = 0xFFFFFFFD
+ALL_INSTRUMENTS = SERVICE_TOPIC_ID  # Reset.instrument: every instrument
 NO_PRIORITY = -1
 
 
@@ -98,6 +106,16 @@ class Heartbeat(msgspec.Struct, tag=TAG_HEARTBEAT, array_like=True, frozen=True,
     source: str = ""
 
 
+class Reset(msgspec.Struct, tag=TAG_RESET, array_like=True, frozen=True, gc=False):
+    """Clear per-instrument state (feature window, model state, held position, sequence
+    tracking) so that what follows is decided as if the service had just started: a
+    replay starts from a clean state. Applied in feed order: events before it are
+    decided on the old state. Not a model event (counted as `resets`)."""
+
+    ts_send_ns: int
+    instrument: int = ALL_INSTRUMENTS  # one instrument id, or ALL_INSTRUMENTS
+
+
 class Decision(msgspec.Struct, tag=TAG_DECISION, array_like=True, frozen=True, gc=False):
     instrument: int
     seq: int  # sequence number of the event that triggered (or was shed/rejected)
@@ -134,5 +152,40 @@ class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=Fa
     model_version: str = ""
 
 
-IngressMessage = Quote | Trade | Heartbeat
-EgressMessage = Decision | Status
+class DecisionBatch(msgspec.Struct, tag=TAG_DECISION_BATCH, array_like=True, frozen=True, gc=False):
+    """The answers of one loop iteration (a model step's decisions, and any shed or
+    rejected answers) in one frame, columnar: each column is a msgpack bin of `n`
+    packed little-endian values (dtypes in DECISION_BATCH_COLUMNS). Topic
+    BATCH_TOPIC_ID. Row i of every column is one answer, as a Decision would carry it;
+    `ts_decision_ns` is shared by the batch."""
+
+    ts_decision_ns: int  # CLOCK_REALTIME ns when the batch was encoded
+    model_version: str
+    n: int  # answers in this batch
+    instrument: bytes  # uint32 LE
+    seq: bytes  # uint64 LE
+    status: bytes  # uint8: Outcome (0 decided, 1 shed, 2 rejected)
+    reason: bytes  # uint8: Reason (0 when decided)
+    action: bytes  # int8: -1, 0, +1
+    score: bytes  # float32 LE
+    n_conflated: bytes  # uint32 LE (saturates at 2**32-1)
+    ts_send_ns: bytes  # int64 LE, the event's ts_send_ns echoed
+    ts_recv_ns: bytes  # int64 LE, CLOCK_REALTIME ns when the service received the event
+
+
+DECISION_BATCH_COLUMNS = (
+    ("instrument", "<u4"),
+    ("seq", "<u8"),
+    ("status", "u1"),
+    ("reason", "u1"),
+    ("action", "i1"),
+    ("score", "<f4"),
+    ("n_conflated", "<u4"),
+    ("ts_send_ns", "<i8"),
+    ("ts_recv_ns", "<i8"),
+)
+"""Column name and numpy dtype of every DecisionBatch column, in wire order."""
+
+
+IngressMessage = Quote | Trade | Heartbeat | Reset
+EgressMessage = Decision | Status | DecisionBatch

@@ -54,3 +54,34 @@ def test_msgpack_client_reads_decisions_and_status():
     f = msgpack.unpackb(bytes(enc.encode(s)))
     assert f[0] == 17 and f[2:10] == [100, 90, 4, 3, 3, 0, 1, 2] and f[11] is True
     assert EgressDecoder().decode(msgpack.packb(f)) == s
+
+
+def readme_decision_batch_columns(frame: bytes) -> list[dict]:
+    """As the README says: [18, ts_decision_ns, model_version, n, then 9 bin columns of n packed
+    little-endian values: instrument u32, seq u64, status u8, reason u8, action i8, score f32,
+    n_conflated u32, ts_send_ns i64, ts_recv_ns i64]."""
+    f = msgpack.unpackb(frame, raw=False)
+    assert f[0] == 18
+    n = f[3]
+    formats = ("I", "Q", "B", "B", "b", "f", "I", "q", "q")
+    names = ("instrument", "seq", "status", "reason", "action", "score", "n_conflated", "ts_send_ns", "ts_recv_ns")
+    cols = [struct.unpack(f"<{n}{fmt}", col) for fmt, col in zip(formats, f[4:13])]
+    return [dict(zip(names, row), ts_decision_ns=f[1], model_version=f[2]) for row in zip(*cols)]
+
+
+def test_readme_decision_batch_example_bytes():
+    from hft_infer.transport.codec import decisions_of_batch
+    from hft_infer.transport.schema import DecisionBatch
+
+    hexbytes = ("9d 12 00 a1 6d 01 c4 04 07 00 00 00 c4 08 2a 00 00 00 00 00 00 00 c4 01 00 c4 01 00 "
+                "c4 01 01 c4 04 00 00 00 3f c4 04 00 00 00 00 c4 08 00 00 00 00 00 00 00 00 "
+                "c4 08 00 00 00 00 00 00 00 00")
+    frame = bytes.fromhex(hexbytes.replace(" ", ""))
+    assert len(frame) == 63
+    rows = readme_decision_batch_columns(frame)
+    assert rows == [dict(instrument=7, seq=42, status=0, reason=0, action=1, score=0.5, n_conflated=0,
+                         ts_send_ns=0, ts_recv_ns=0, ts_decision_ns=0, model_version="m")]
+    batch = EgressDecoder().decode(frame)
+    assert isinstance(batch, DecisionBatch)
+    (d,) = decisions_of_batch(batch)
+    assert (d.instrument, d.seq, d.action, d.score) == (7, 42, 1, 0.5)
