@@ -36,11 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
+from hft_infer.kernels import reference
+
 OUT_COLS = 5
 """Columns of every model kernel's `out`: score, action, logit down, flat, up."""
 COL_SCORE, COL_ACTION, COL_LOGITS = 0, 1, 2
 
-BPS = 1e4
+BPS = reference.BPS
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 """fp32: fp32 weights, fp32 FMA products (tl.dot input_precision="ieee");
@@ -179,45 +181,31 @@ def _decide_store(l0, l1, l2, b, bmask, slots, thr_ptr, held_ptr, out_ptr, OUT_C
 
 
 # --------------------------------------------------------------------------- torch references
+# The math itself is defined once in `reference` (numpy or torch); these wrap it
+# in the kernels' calling conventions (thresholds on the device, `out` columns).
 
 
 def preprocess_reference(raw: torch.Tensor) -> torch.Tensor:
-    """Raw rows (..., F) -> features (..., F) in raw's dtype (F = 4L+2)."""
-    mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
-    mid_ok = mid > 0
-    safe = torch.where(mid_ok, mid, torch.ones_like(mid))
-    prices = torch.where((raw > 0) & mid_ok, (raw - safe) / safe * BPS, torch.zeros_like(raw))
-    sizes = torch.log1p(raw.abs()) * torch.sign(raw)
-    even = (torch.arange(raw.shape[-1], device=raw.device) % 2) == 0
-    return torch.where(even, prices, sizes)
+    """Raw rows (..., F) -> features (..., F) in raw's dtype (F = 4L+2): `reference.preprocess`."""
+    return reference.preprocess(raw)
 
 
 def features_reference(raw: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
-    """Raw rows -> normalised features (preprocess, then (x - mean) * inv_std)."""
-    return (preprocess_reference(raw) - mean.to(raw.dtype)) * inv_std.to(raw.dtype)
+    """Raw rows -> normalised features in raw's dtype: `reference.features`."""
+    return reference.features(raw, mean.to(raw.dtype), inv_std.to(raw.dtype))
 
 
 def decide_reference(logits: torch.Tensor, thresholds: torch.Tensor, held: torch.Tensor,
                      slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """logits [n, 3] -> out [n, OUT_COLS] (in out's dtype); updates held[slots] in place.
 
-    action = +1 if score > thr, -1 if score < -thr; otherwise a held +1 stays
-    while score >= thr - hysteresis and a held -1 while score <= -(thr - hysteresis);
-    else 0 (hft_infer.models.decision's policy). held: int8 or int32 [n_slots]."""
-    p = torch.softmax(logits, dim=-1)
-    score = p[:, 2] - p[:, 0]
-    thr = thresholds[0].to(score.dtype)
-    hyst = thresholds[1].to(score.dtype)
+    Score and action as `reference.scores` and `reference.decide`, thresholds read from
+    the device tensor [threshold, hysteresis]. held: int8 or int32 [n_slots]."""
+    score = reference.scores(logits)
     sl = slots.long()
-    prev = held[sl]
-    keep_up = (prev == 1) & (score >= thr - hyst)
-    keep_dn = (prev == -1) & (score <= hyst - thr)
-    one = torch.ones_like(score)
-    act = torch.where(score > thr, one, torch.where(score < -thr, -one, torch.where(
-        keep_up, one, torch.where(keep_dn, -one, torch.zeros_like(score)))))
+    act = reference.decide(score, held[sl], thresholds[0], thresholds[1])
     held[sl] = act.to(held.dtype)
     out[:, COL_SCORE] = score
-    out[:, COL_ACTION] = act
+    out[:, COL_ACTION] = act.to(out.dtype)
     out[:, COL_LOGITS:COL_LOGITS + 3] = logits
     return out
-

@@ -10,19 +10,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hft_infer.kernels.reference import DOWN, FLAT, UP, scores
 from hft_infer.models.features import normalise, preprocess
 from hft_infer.models.spec import ModelSpec
 
-DOWN, FLAT, UP = 0, 1, 2
+__all__ = ["DOWN", "FLAT", "UP", "WindowModel", "scores_from_logits", "scores_into"]
 
 
 def scores_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    p = torch.softmax(logits, dim=-1)
-    return p[..., UP] - p[..., DOWN]
+    """softmax[UP] - softmax[DOWN]: `hft_infer.kernels.reference.scores`."""
+    return scores(logits)
 
 
 def scores_into(logits: torch.Tensor, out: torch.Tensor, sums: torch.Tensor) -> None:
-    """`scores_from_logits` without allocation: overwrites `logits` [n, 3] with exp(l - max);
+    """`reference.scores` without allocation (tested against it): overwrites `logits` [n, 3] with exp(l - max);
     `sums` is scratch [n, 1] in the logits' dtype; writes the scores into `out` [n] (any float dtype)."""
     torch.amax(logits, dim=1, keepdim=True, out=sums)
     logits.sub_(sums).exp_()

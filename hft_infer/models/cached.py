@@ -24,15 +24,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hft_infer.models.base import DOWN, UP, WindowModel
+from hft_infer.kernels.reference import scores
+from hft_infer.models.base import WindowModel
 from hft_infer.models.executor import Executor
 from hft_infer.models.features import preprocess
 
 
 def scores_np(logits: np.ndarray, out: np.ndarray) -> None:
-    """softmax(logits)[up] - softmax(logits)[down] (base.scores_from_logits), numpy, into `out`."""
-    e = np.exp(logits - logits.max(axis=1, keepdims=True))
-    np.divide(e[:, UP] - e[:, DOWN], e.sum(axis=1), out=out, casting="unsafe")
+    """`reference.scores` of numpy logits, into `out`."""
+    out[:] = scores(logits)
 
 
 class MlpCachedExecutor(Executor):

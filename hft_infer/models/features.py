@@ -33,12 +33,9 @@ GPU kernels).
 
 from __future__ import annotations
 
-import functools
+from hft_infer.kernels.reference import BPS, normalise, preprocess as _preprocess
 
-import numpy as np
-import torch
-
-BPS = 1e4
+__all__ = ["BPS", "normalise", "preprocess", "row_width", "trade_price_index", "trade_size_index"]
 
 
 def row_width(levels: int) -> int:
@@ -53,44 +50,11 @@ def trade_size_index(levels: int) -> int:
     return 4 * levels + 1
 
 
-def price_mask(levels: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Boolean mask over a row: True at price positions (bid/ask prices and the trade price).
-    Cached per (levels, device): built once, never per step (and never inside a CUDA graph
-    capture, where a host-to-device copy is not allowed)."""
-    return _price_mask(levels, str(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _price_mask(levels: int, device: str):
-    m = np.zeros(row_width(levels), dtype=bool)
-    m[0:4 * levels:4] = True
-    m[2:4 * levels:4] = True
-    m[4 * levels] = True
-    return m if device == "numpy" else torch.from_numpy(m).to(device)
-
-
 def preprocess(raw, levels: int):
-    """Raw rows (..., F) -> features (..., F), in the dtype of `raw`. Pure, batched.
-
-    One definition for torch tensors and numpy arrays (the same operations,
-    from the array's own namespace): the CPU engine transforms a few new rows
-    per step in numpy, where an operation costs ~1 us against ~5 us in torch
-    on small arrays (tools/bench_hotpath.py); models and GPU references use torch.
-    """
+    """Raw rows (..., F) -> features (..., F), in the dtype of `raw` (numpy or torch):
+    `hft_infer.kernels.reference.preprocess`, the one definition, with the width checked
+    against the model's levels."""
     f = row_width(levels)
     if raw.shape[-1] != f:
         raise ValueError(f"raw rows have width {raw.shape[-1]}, expected {f} for {levels} levels")
-    if isinstance(raw, np.ndarray):
-        xp, pmask = np, _price_mask(levels, "numpy")
-    else:
-        xp, pmask = torch, price_mask(levels, raw.device)
-    mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
-    mid_ok = mid > 0
-    safe_mid = xp.where(mid_ok, mid, xp.ones_like(mid))
-    prices = xp.where((raw > 0) & mid_ok, (raw - safe_mid) / safe_mid * BPS, xp.zeros_like(raw))
-    sizes = xp.log1p(xp.abs(raw)) * xp.sign(raw)  # sign() only matters for the trade size
-    return xp.where(pmask, prices, sizes)
-
-
-def normalise(features, mean, inv_std):
-    return (features - mean) * inv_std
+    return _preprocess(raw)
