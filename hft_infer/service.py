@@ -303,13 +303,14 @@ class Service:
         rids = sched.batch_rids[:n]
         r_slot, r_pos = sched.r_slot, sched.r_pos
         engine = self.engine
-        engine.slots[:n] = [r_slot[r] for r in rids]
-        engine.positions[:n] = [r_pos[r] for r in rids]
+        e_slots, e_positions = engine.request()
+        e_slots[:n] = [r_slot[r] for r in rids]
+        e_positions[:n] = [r_pos[r] for r in rids]
         t0 = perf_ns()
-        engine.step(n)
+        scores, actions = engine.step(n)
         t1 = perf_ns()
-        scores = engine.scores[:n].tolist()
-        actions = engine.actions[:n].tolist()
+        scores = scores.tolist()
+        actions = actions.tolist()
         send = self.publisher.send_decision
         ids = self.instrument_ids
         offset = self.clock.offset_ns

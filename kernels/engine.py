@@ -211,6 +211,10 @@ class LstmWindowEngine:
         self._ctrl_np[CTRL_REQ] = self.seq  # after the data: x86 keeps stores in order
         self._n = n
 
+    def done(self) -> bool:
+        """Has the kernel answered the last request?"""
+        return self._ctrl_np[CTRL_DONE] == self.seq
+
     def wait(self, timeout_s: float | None = None) -> torch.Tensor:
         """Spin until the kernel has answered the last request; out[:n] (pinned, reused)."""
         ctrl = self._ctrl_np

@@ -92,8 +92,9 @@ def main() -> int:
 
                 def one(eng=eng, b=b, slots=slots):
                     nonlocal pos
-                    eng.slots[:b] = slots
-                    eng.positions[:b] = pos
+                    e_slots, e_positions = eng.request()
+                    e_slots[:b] = slots
+                    e_positions[:b] = pos
                     pos += 1
                     eng.step(b)
 
@@ -101,11 +102,14 @@ def main() -> int:
 
         class Eager:  # the graph engine's step body, launched without a graph
             def __init__(self, g):
-                self.g, self.slots, self.positions = g, g.slots, g.positions
+                self.g = g
+
+            def request(self):
+                return self.g._slots[0], self.g._positions[0]
 
             def step(self, n):
                 g = self.g
-                b = g.pad(n)
+                b = g.pad(0, n)
                 g._stage(b)
                 with torch.cuda.stream(g.stream):
                     g._body(b)

@@ -201,8 +201,9 @@ def main() -> None:
 
     eng = svc.engine
     for b in (1, 8, 64):
-        eng.slots[:b] = np.arange(b) % 64
-        eng.positions[:b] = 40
+        e_slots, e_positions = eng.request()
+        e_slots[:b] = np.arange(b) % 64
+        e_positions[:b] = 40
 
         def step(k, b=b):
             for _ in range(k):

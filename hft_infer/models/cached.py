@@ -67,6 +67,9 @@ class MlpCachedExecutor(Executor):
             zero_row = self.model.features(torch.zeros(1, self.width, dtype=torch.float32))[0]
             self.feat[self.n_slots - 1] = zero_row
 
+    def reset_slots(self, slots) -> None:
+        self.upto[slots] = 0  # the feature store restarts these slots at position 0
+
     @torch.inference_mode()
     def step(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
         n = self._check_batch(slots)

@@ -80,6 +80,9 @@ class Executor:
     def reset(self) -> None:
         """Zero all recurrent / open-window state (nothing for stateless executors)."""
 
+    def reset_slots(self, slots) -> None:
+        """Zero the state of these slots (a Reset on the feed; nothing for stateless executors)."""
+
     def _head_into(self, h: torch.Tensor, out: torch.Tensor) -> None:
         n = h.shape[0]
         logits = torch.addmm(self._head_b, h, self._head_w.t(), out=self._logits[:n])
@@ -185,6 +188,9 @@ class LstmStreamExecutor(Executor):
 
     def reset(self) -> None:
         self._state.zero_()
+
+    def reset_slots(self, slots) -> None:
+        self._state[:, :, torch.as_tensor(slots, dtype=torch.int64)] = 0
 
     @torch.inference_mode()
     def step(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:

@@ -53,6 +53,9 @@ class LstmIncrementalExecutor(Executor):
     def reset(self) -> None:
         self._state.zero_()
 
+    def reset_slots(self, slots) -> None:
+        self._state[:, :, torch.as_tensor(slots, dtype=torch.int64)] = 0
+
     @torch.inference_mode()
     def step(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
         n = self._check_batch(slots)

@@ -27,11 +27,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hft_infer.runner.base import Engine
+import time
 
+from hft_infer.runner.base import Engine, EngineFailure
 
-class EngineFailure(RuntimeError):
-    """A GPU engine that cannot go on (stuck kernel, failed capture): fatal for the service."""
+__all__ = ["EngineFailure", "GraphEngine", "KernelStep", "PersistentEngine"]
 
 
 def _pinned(shape, dtype) -> torch.Tensor:
@@ -111,6 +111,15 @@ class KernelStep:
                 t.zero_()
         self.held.zero_()
 
+    def reset_slots(self, slots) -> None:
+        """Zero these slots' device state, ordered after every step already on the stream."""
+        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.device)
+        for name in ("h", "c", "ring"):
+            t = getattr(self, name, None)
+            if t is not None:
+                t[idx] = 0
+        self.held[idx] = 0
+
 
 class _GpuEngine(Engine):
     """Shared host side: pinned host arrays and the row staging from the feature store."""
@@ -129,7 +138,7 @@ class _GpuEngine(Engine):
 
     def _stage(self, b: int) -> None:
         """Copy each entry's row (slot, position) from the host ring into pinned staging."""
-        flat = self.slots[:b] * self._depth + self.positions[:b] % self._depth
+        flat = self._slots[0][:b] * self._depth + self._positions[0][:b] % self._depth
         np.take(self._ring_rows, flat, axis=0, out=self._rows_np[:b])
 
 
@@ -141,16 +150,17 @@ class GraphEngine(_GpuEngine):
         super().__init__(kstep, store, buckets, reason=reason)
         self.out_h = _pinned(kstep.out.shape, torch.float32)
         self._out_np = self.out_h.numpy()
-        self._slots_t = torch.from_numpy(self.slots)
-        self._pos_t = torch.from_numpy(self.positions)
+        self._slots_t = torch.from_numpy(self._slots[0])
+        self._pos_t = torch.from_numpy(self._positions[0])
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._captured = False
         self.check_addresses = check_addresses
         self._addresses = None
         self.stream = torch.cuda.Stream(device=kstep.device)
         # Replays go on the current stream (a graph may be replayed on any stream): no
-        # stream context manager per step, one sync of that stream.
-        self._sync = torch.cuda.current_stream(kstep.device).synchronize
+        # stream context manager per step; an event after the replay tells when it is done.
+        self._done_event = torch.cuda.Event()
+        self._replay_stream = torch.cuda.current_stream(kstep.device)
 
     def _body(self, b: int) -> None:
         k = self.kstep
@@ -169,8 +179,8 @@ class GraphEngine(_GpuEngine):
         """Compile and run every bucket eagerly, then capture the graphs (largest first)."""
         with torch.cuda.stream(self.stream):
             for b in self.bucket_map.buckets:
-                self.slots[:b] = self.sink_slot
-                self.positions[:b] = 0
+                self._slots[0][:b] = self.sink_slot
+                self._positions[0][:b] = 0
                 for _ in range(rounds):
                     self._stage(b)
                     self._body(b)
@@ -192,16 +202,25 @@ class GraphEngine(_GpuEngine):
         self._captured = True
         self._addresses = self._graph_inputs()
 
-    def step(self, n: int) -> None:
-        b = self.pad(n)
+    def _launch(self, i: int, n: int) -> None:
+        b = self.pad(i, n)
         self._stage(b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
         self.graphs[b].replay()
-        self._sync()
+        self._done_event.record(self._replay_stream)
+
+    def _done(self, i: int) -> bool:
+        return self._done_event.query()
+
+    def _outputs(self, i: int) -> None:
+        n = self._n[i]
         out = self._out_np
-        self.scores[:n] = out[:n, 0]
-        self.actions[:n] = out[:n, 1]
+        self._scores[i][:n] = out[:n, 0]
+        self._actions[i][:n] = out[:n, 1]
+
+    def reset_slots(self, slots) -> None:
+        self.kstep.reset_slots(slots)
 
     def reset(self) -> None:
         with torch.cuda.stream(self.stream):
@@ -240,29 +259,50 @@ class PersistentEngine(_GpuEngine):
         torch.cuda.synchronize()  # weights, state and workspace are on the device before the kernel spins
         self.start()
         for b in self.bucket_map.buckets:
-            self.slots[:b] = self.sink_slot
-            self.positions[:b] = 0
             for _ in range(rounds):
+                slots, positions = self.request()
+                slots[:b] = self.sink_slot
+                positions[:b] = 0
                 self.step(b)
         self.close()
         self.reset()
         self.start()
         self.ready = True
 
-    def step(self, n: int) -> None:
-        b = self.pad(n)
-        np.take(self._ring_rows, self.slots[:b] * self._depth + self.positions[:b] % self._depth, axis=0,
+    def _launch(self, i: int, n: int) -> None:
+        b = self.pad(i, n)
+        slots, positions = self._slots[i], self._positions[i]
+        np.take(self._ring_rows, slots[:b] * self._depth + positions[:b] % self._depth, axis=0,
                 out=self._eng_rows[:b])
-        self._eng_slots[:b] = self.slots[:b]
-        self._eng_pos[:b] = self.positions[:b]
+        self._eng_slots[:b] = slots[:b]
+        self._eng_pos[:b] = positions[:b]
         self.eng.submit(b)
-        try:
-            out = self.eng.wait(self.watchdog_s).numpy()
-        except TimeoutError:
+        self._deadline = time.perf_counter() + self.watchdog_s
+
+    def _done(self, i: int) -> bool:
+        if self.eng.done():
+            return True
+        if time.perf_counter() > self._deadline:
             raise EngineFailure(f"persistent kernel did not answer within {self.watchdog_s * 1000:.0f} ms "
-                                "(watchdog): stuck GPU engine") from None
-        self.scores[:n] = out[:n, 0]
-        self.actions[:n] = out[:n, 1]
+                                "(watchdog): stuck GPU engine")
+        return False
+
+    def _outputs(self, i: int) -> None:
+        n = self._n[i]
+        out = self.eng.out.numpy()
+        self._scores[i][:n] = out[:n, 0]
+        self._actions[i][:n] = out[:n, 1]
+
+    def reset_slots(self, slots) -> None:
+        """The running kernel may hold the state in its multiprocessors' L1: stop it, zero the
+        slots, start it again (cold: a Reset on the feed)."""
+        self.close()
+        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.kstep.device)
+        for t in (self.kstep.h, self.kstep.c):
+            t[idx] = 0
+        self.kstep.held[idx] = 0
+        torch.cuda.current_stream(self.kstep.device).synchronize()
+        self.start()
 
     def reset(self) -> None:
         """Zero the model state; only while the kernel is stopped (see warm_up)."""

@@ -39,16 +39,17 @@ def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
     scores, actions = [], []
     i = 0
     for b in batches:
+        e_slots, e_positions = eng.request()
         for k in range(b):
             slot = int(slots_seq[i + k])
             pos = store.count[slot]
             store.array[slot, pos % store.depth] = rows[i + k]
             store.count[slot] = pos + 1
-            eng.slots[k] = slot
-            eng.positions[k] = pos
-        eng.step(b)
-        scores.append(eng.scores[:b].copy())
-        actions.append(eng.actions[:b].copy())
+            e_slots[k] = slot
+            e_positions[k] = pos
+        sc, ac = eng.step(b)
+        scores.append(sc.copy())
+        actions.append(ac.copy())
         i += b
     return np.concatenate(scores), np.concatenate(actions)
 
@@ -101,8 +102,9 @@ def test_persistent_engine_stops_and_its_watchdog_trips():
 
     rt = _runtime("persistent", "lstm_a")
     eng = rt.engine
-    eng.slots[:1] = 0
-    eng.positions[:1] = 0
+    slots, positions = eng.request()
+    slots[:1] = 0
+    positions[:1] = 0
     eng.step(1)  # alive
     eng.close()  # stop flag: the kernel exits
     ev = torch.cuda.Event()
