@@ -38,6 +38,7 @@ import errno
 import gc
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
+
+import zmq
+
+from hft_infer.config import ConfigError
 
 Outcome = Literal["applied", "refused", "skipped", "planned"]
 
@@ -181,7 +186,7 @@ def _cuda_index(device: str) -> int | None:
 
 
 def _bdf_from_torch(index: int) -> str | None:
-    import torch  # only for a CUDA device; the service imports it anyway
+    import torch  # only for a CUDA device: planning for the CPU (systemd-unit) stays light
 
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():
         return None
@@ -475,8 +480,6 @@ class PlacementReport:
 
 def _raise_if_strict(report: PlacementReport, strict: bool) -> None:
     if strict and report.refusals:
-        from hft_infer.config import ConfigError
-
         first = report.refusals[0]
         more = f" (+{len(report.refusals) - 1} more)" if len(report.refusals) > 1 else ""
         err = ConfigError(f"cpu.strict: placement refused: {first.name}: {first.detail}{more}")
@@ -557,8 +560,6 @@ def configure_zmq_context(ctx, plan: PlacementPlan) -> Step:
     pthread_setaffinity_np fails, e.g. for a core outside the cpuset; so every
     core is checked against this process's current cpuset first.
     """
-    import zmq
-
     cores = zmq_io_affinity(plan)
     if not cores:
         return Step("zmq_io", "skipped", "no helper cores planned")
@@ -606,8 +607,6 @@ def lock_memory() -> Step:
         rc = libc.mlockall(flags)
         err = ctypes.get_errno()
     if rc != 0:
-        import resource
-
         soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
         return Step("mlockall", "refused", f"{errno.errorcode.get(err, err)}: {os.strerror(err)} "
@@ -622,8 +621,6 @@ def set_rt_priority(priority: int) -> Step:
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
     except OSError as e:
-        import resource
-
         soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
         return Step("rt_priority", "refused",
                     f"SCHED_FIFO {priority}: {_oserror(e)} (RLIMIT_RTPRIO {soft}; needs LimitRTPRIO>={priority} "

@@ -25,13 +25,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from hft_infer.errors import ConfigError
+
+__all__ = ["Config", "ConfigError", "load_config", "expand_endpoint", "runtime_dir"]
+
 PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
-
-
-class ConfigError(ValueError):
-    """A configuration the service cannot run with; the message is one line."""
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

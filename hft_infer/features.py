@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import torch
 
 from hft_infer.models.features import row_width
 from hft_infer.transport.schema import BYTES_PER_LEVEL
@@ -34,8 +35,6 @@ class FeatureStore:
     """Rings of raw rows for `n_slots` instruments (+1 padding sink)."""
 
     def __init__(self, n_slots: int, levels: int, depth: int, *, pin_memory: bool = False) -> None:
-        import torch
-
         if depth < 1:
             raise ValueError("ring depth must be >= 1")
         self.n_slots = n_slots

@@ -1,4 +1,4 @@
-"""Security policy: which endpoints get CURVE, the ZAP authenticator, key-file checks, `keys` CLI.
+"""Security policy: which endpoints get CURVE, the ZAP authenticator, key-file checks.
 
 Policy (DESIGN.md, Operations):
 - ipc:// and loopback tcp stay plain: file permissions (ipc) and the host
@@ -14,29 +14,30 @@ Policy (DESIGN.md, Operations):
 - A CURVE server socket admits only the clients whose public keys are in
   `security.curve_authorized_dir` (ZAP authenticator, transport.curve).
 - The dashboard binds loopback unless allow_remote; it serves nothing writable.
-
-Light at import (the CLI builds its parser from here): zmq and the config
-are imported inside the functions.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import stat
-import sys
 from pathlib import Path
+
+from hft_infer.errors import ConfigError
+from hft_infer.transport.curve import (
+    CurveKeyError,
+    ZapAuthenticator,
+    load_authorized_keys,
+    load_client_keys,
+    load_server_keys,
+)
+from hft_infer.transport.sockets import EndpointError, is_local_endpoint
 
 
 def _config_error(msg: str) -> Exception:
-    from hft_infer.config import ConfigError
-
     return ConfigError(msg)
 
 
 def _is_local(endpoint: str) -> bool:
-    from hft_infer.transport.sockets import EndpointError, is_local_endpoint
-
     try:
         return is_local_endpoint(endpoint)
     except EndpointError as e:
@@ -44,8 +45,6 @@ def _is_local(endpoint: str) -> bool:
 
 
 def _load(what: str, loader, *paths):
-    from hft_infer.transport.curve import CurveKeyError
-
     try:
         return loader(*paths)
     except CurveKeyError as e:
@@ -60,8 +59,6 @@ def _client_secret(cfg) -> str:
 def curve_for_egress(cfg):
     """CurveServer for the decision socket when its endpoint is non-loopback and keys are set;
     None otherwise (the socket factory then refuses a remote endpoint unless allow_remote)."""
-    from hft_infer.transport.curve import load_server_keys
-
     sec = cfg.security
     if _is_local(cfg.egress.endpoint) or not sec.curve_server_secret:
         return None
@@ -72,8 +69,6 @@ def curve_for_ingest(cfg):
     """CURVE for the market-data socket on a non-loopback endpoint:
     binding -> CurveServer (publishers connect as clients with our public key);
     connecting -> CurveClient of the feed (needs security.curve_feed_public)."""
-    from hft_infer.transport.curve import load_client_keys, load_server_keys
-
     sec = cfg.security
     if _is_local(cfg.ingest.endpoint):
         return None
@@ -94,7 +89,7 @@ def curve_for_ingest(cfg):
     return _load("security.curve_feed_public", load_client_keys, secret, sec.curve_feed_public)
 
 
-def _serves_curve(cfg) -> bool:
+def serves_curve(cfg) -> bool:
     sec = cfg.security
     if not sec.curve_server_secret:
         return False
@@ -107,9 +102,7 @@ def start_authenticator(ctx, cfg):
     Call before binding those sockets (and before pinning the hot thread, or
     let affinity.finish_warmup move its thread). Returns the authenticator
     (stop it after closing the sockets) or None."""
-    from hft_infer.transport.curve import CurveKeyError, ZapAuthenticator
-
-    if not _serves_curve(cfg):
+    if not serves_curve(cfg):
         return None
     directory = cfg.security.curve_authorized_dir
     if not directory:
@@ -124,8 +117,6 @@ def start_authenticator(ctx, cfg):
 def check_security(cfg) -> list[str]:
     """Pre-flight at start: raise ConfigError for a configuration the policy refuses;
     return warnings for risky-but-allowed ones (log them in the start-up block)."""
-    from hft_infer.transport.sockets import is_local_endpoint
-
     sec = cfg.security
     warnings: list[str] = []
     remote = [(name, ep) for name, ep in (("ingest.endpoint", cfg.ingest.endpoint),
@@ -139,11 +130,9 @@ def check_security(cfg) -> list[str]:
         if curve is None:
             warnings.append(f"{name} {ep}: no CURVE (security.allow_remote): traffic in clear, "
                             "anyone who reaches the port may connect")
-    if _serves_curve(cfg):
+    if serves_curve(cfg):
         if not sec.curve_authorized_dir:
             raise _config_error("security.curve_authorized_dir is required with CURVE")
-        from hft_infer.transport.curve import load_authorized_keys
-
         keys = _load("security.curve_authorized_dir", load_authorized_keys, sec.curve_authorized_dir)
         if not keys:
             warnings.append(f"{sec.curve_authorized_dir}: no client keys (*.key): every CURVE client is denied")
@@ -159,7 +148,7 @@ def check_security(cfg) -> list[str]:
     return warnings + check_key_permissions(cfg)
 
 
-def _mode_problem(path: Path, secret: bool) -> str | None:
+def mode_problem(path: Path, secret: bool) -> str | None:
     try:
         st = path.stat()
     except OSError:
@@ -183,83 +172,18 @@ def check_key_permissions(cfg, config_path: str | None = None) -> list[str]:
     out: list[str] = []
     for secret_path in {sec.curve_server_secret, _client_secret(cfg)} - {""}:
         p = Path(secret_path)
-        out.append(_mode_problem(p, secret=True))
-        out.append(_mode_problem(p.parent, secret=False))
+        out.append(mode_problem(p, secret=True))
+        out.append(mode_problem(p.parent, secret=False))
     if sec.curve_feed_public:
-        out.append(_mode_problem(Path(sec.curve_feed_public), secret=False))
+        out.append(mode_problem(Path(sec.curve_feed_public), secret=False))
     if sec.curve_authorized_dir:
         d = Path(sec.curve_authorized_dir)
-        out.append(_mode_problem(d, secret=False))
+        out.append(mode_problem(d, secret=False))
         if d.is_dir():
-            out.extend(_mode_problem(p, secret=False) for p in sorted(d.glob("*.key")))
+            out.extend(mode_problem(p, secret=False) for p in sorted(d.glob("*.key")))
             out.extend(f"{p}: a secret key in the authorized-keys directory: move it out"
                        for p in sorted(d.glob("*.key_secret")))
     if config_path and not config_path.startswith("builtin:") and (
             sec.curve_server_secret or sec.curve_authorized_dir or sec.curve_feed_public):
-        out.append(_mode_problem(Path(config_path), secret=False))
+        out.append(mode_problem(Path(config_path), secret=False))
     return [w for w in out if w]
-
-
-# --------------------------------------------------------------------------- CLI: hft-infer keys
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    p = sub.add_parser("generate", help="create NAME.key (public) and NAME.key_secret (0600) in DIR",
-                       description="Create a CURVE key pair: DIR/NAME.key (public: give it to peers) and "
-                                   "DIR/NAME.key_secret (mode 0600). Existing files are never overwritten.")
-    p.add_argument("dir", metavar="DIR")
-    p.add_argument("--name", default="hft-infer", help="file name stem (default: hft-infer)")
-    p = sub.add_parser("show", help="print a key file's public key and check its permissions")
-    p.add_argument("file", metavar="FILE")
-    p = sub.add_parser("check", help="check a config's security settings and key files",
-                       description="Load the keys a config names, list the authorized clients, and print "
-                                   "warnings (world-readable secrets, endpoints in clear). Exit 2 on a refusal.")
-    p.add_argument("-c", "--config", metavar="FILE", help="TOML config (default: the embedded default)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-
-
-def main(args: argparse.Namespace) -> int:
-    from hft_infer.cli import UserError
-    from hft_infer.transport.curve import CurveKeyError, read_key_file, write_keypair
-
-    try:
-        if args.keys_command == "generate":
-            public, secret = write_keypair(args.dir, args.name)
-            print(f"public key:  {public}  (give to peers; a client's goes into the server's authorized dir)")
-            print(f"secret key:  {secret}  (mode 0600; point security.curve_server_secret here)")
-            print(f"public-key = {read_key_file(public)[0].decode()}")
-            return 0
-        if args.keys_command == "show":
-            public, secret = read_key_file(args.file)
-            print(f"public-key = {public.decode()}")
-            print(f"secret key: {'yes' if secret else 'no'}")
-            problem = _mode_problem(Path(args.file), secret=secret is not None)
-            if problem:
-                print(f"warning: {problem}", file=sys.stderr)
-            return 0
-        if args.keys_command == "check":
-            return _check(args)
-    except CurveKeyError as e:
-        raise UserError(str(e)) from None
-    raise UserError(f"unknown keys action {args.keys_command!r}")
-
-
-def _check(args: argparse.Namespace) -> int:
-    from hft_infer.config import load_config
-
-    cfg = load_config(args.config, args.overrides)
-    warnings = check_security(cfg)
-    warnings += [w for w in check_key_permissions(cfg, args.config) if w not in warnings]
-    egress, ingest = curve_for_egress(cfg), curve_for_ingest(cfg)
-    print(f"egress {cfg.egress.endpoint}: {'CURVE server' if egress else 'plain'}")
-    print(f"ingest {cfg.ingest.endpoint}: "
-          f"{type(ingest).__name__.replace('Curve', 'CURVE ').lower() if ingest else 'plain'}")
-    if _serves_curve(cfg):
-        from hft_infer.transport.curve import load_authorized_keys
-
-        keys = load_authorized_keys(cfg.security.curve_authorized_dir)
-        print(f"authorized clients ({len(keys)}): {', '.join(sorted(keys.values())) or 'none'}")
-    for w in warnings:
-        print(f"warning: {w}")
-    return 0

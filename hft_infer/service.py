@@ -28,7 +28,7 @@ import zmq
 
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint
-from hft_infer.control.protocol import Snapshot, encode_snapshot
+from hft_infer.transport.stats import Snapshot, encode_snapshot
 from hft_infer.egress import DecisionPublisher
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.select import build_runtime
@@ -46,6 +46,7 @@ _EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq
 # Idle folding of raw samples: often enough that a fold is small (a fold
 # costs ~40 ns per sample), never in the middle of a burst.
 IDLE_FOLD_NS = 50_000_000
+DRAIN_QUIET_NS = 100_000_000  # on stop: the feed is drained once it has been silent this long
 
 
 class Accounting:
@@ -191,6 +192,8 @@ class Service:
             except zmq.Again:
                 break
             t_recv = perf_ns()
+            if n == 0:
+                self.clock.sync()  # the epoch offset drifts: re-read it once per burst
             n += 1
             if topic_frame:
                 if not getsockopt(_RCVMORE):
@@ -516,9 +519,17 @@ class Service:
         if self.on_stopping is not None:
             self.on_stopping()
         deadline = perf_ns() + self.cfg.service.drain_timeout_ms * 1_000_000
-        while perf_ns() < deadline and self._drain_ingest(self.cfg.ingest.max_drain):
-            while self.sched.queued_slots and self._step(force=True):
-                pass
+        # Read until the feed has been quiet for DRAIN_QUIET_NS: frames already sent may
+        # still be on their way through libzmq's I/O thread when the socket first looks
+        # empty, and a drain that stopped there would lose them.
+        quiet_since = perf_ns()
+        while perf_ns() < deadline:
+            if self._drain_ingest(self.cfg.ingest.max_drain):
+                quiet_since = perf_ns()
+                while self.sched.queued_slots and self._step(force=True):
+                    pass
+            elif perf_ns() - quiet_since > DRAIN_QUIET_NS:
+                break
         self._intake_closed = True
         while self.sched.queued_slots and perf_ns() < deadline:
             self._step(force=True)

@@ -56,6 +56,7 @@ that was flushed, a crash of the machine may lose what the page cache held.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -69,7 +70,6 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-
 from hft_infer.transport.schema import Heartbeat, IngressMessage, Quote, Trade
 
 from .events import KIND_QUOTE, KIND_TRADE, empty_events
@@ -632,8 +632,6 @@ def to_events(capture: Capture, levels: int | None = None) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hft_infer.replay.capture FILE [--verify]`: print capture_info as JSON."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m hft_infer.replay.capture", description=main.__doc__)
     p.add_argument("file")
     p.add_argument("--verify", action="store_true", help="also check every block's CRC (reads the whole file)")

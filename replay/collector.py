@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-
-from hft_infer.clock import perf_ns
-from hft_infer.metrics import new_histogram, record_array, summarize
 from hft_infer.transport.codec import EgressDecoder
 from hft_infer.transport.schema import Outcome, Status
 
+from hft_infer.clock import EpochClock, perf_ns
+from hft_infer.metrics import new_histogram, record_array, summarize
+from hft_infer.metrics.hlog import header_text, interval_line
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)  # ints: no enum per call
 
@@ -48,9 +48,6 @@ class CollectorResult:
     def write_hlog(self, path: str, interval_s: float = 1.0) -> None:
         """tick_to_decision as an HdrHistogram interval log (one interval per `interval_s`
         of decision receive time), readable by HdrHistogram's log reader."""
-        from hft_infer.clock import EpochClock
-        from hft_infer.control.hlog import header_text, interval_line
-
         if self.tick_ns is None or self.tick_ns.size == 0:
             return
         start_mono = int(self.tick_recv_mono_ns.min())

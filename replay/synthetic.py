@@ -36,9 +36,8 @@ from typing import Annotated
 
 import msgspec
 import numpy as np
-from msgspec import Meta
-
 from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, empty_events
+from msgspec import Meta
 
 PosInt = Annotated[int, Meta(gt=0)]
 PosFloat = Annotated[float, Meta(gt=0.0)]

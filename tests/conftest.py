@@ -17,10 +17,17 @@ if "TRITON_INTERPRET" not in os.environ:
         pass
 
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import zmq
+
+# Dev helpers shared by the tests and the tools (fuzz mutations, a synthetic snapshot
+# feeder) live in tools/, outside the product package.
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+sys.path.insert(0, str(TOOLS))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from hft_infer.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions, tail
+from hft_infer.app.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions, tail
 from hft_infer.transport.codec import EgressDecoder, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Quote, Status
 
@@ -37,7 +37,7 @@ def quote(instrument: int, seq: int, *, levels: int = 10, ts_send_ns: int = 0, p
 
 
 class ServiceUnderTest:
-    """A real `hft-infer serve` (hft_infer.launcher) plus a publisher and a collector, for tests."""
+    """A real `hft-infer serve` (hft_infer.app.launcher) plus a publisher and a collector, for tests."""
 
     def __init__(self, overrides: list[str] | None = None, *, extra_args: list[str] | None = None,
                  name: str = "t", control: bool = False) -> None:

@@ -195,7 +195,7 @@ def bench_record(ctx, tmp: str, topics, payloads, recorder_cpus: set[int]) -> di
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.setsockopt(zmq.LINGER, -1)
     pub.bind(ep)
-    proc = subprocess.Popen([sys.executable, "-m", "hft_infer.cli", "record", "--endpoint", ep, "--out", out,
+    proc = subprocess.Popen([sys.executable, "-m", "hft_infer", "record", "--endpoint", ep, "--out", out,
                              "--count", str(len(topics)), "--force"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: os.sched_setaffinity(0, recorder_cpus))

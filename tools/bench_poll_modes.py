@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from hft_infer.cli import build_parser
+from hft_infer.app.cli import build_parser
 
 
 def main() -> int:
@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("bench_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     extra = [x for x in a.bench_args if x != "--"]
-    from hft_infer.bench import run
+    from hft_infer.app.bench import run
 
     rows = []
     for rate in a.rates.split(","):

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from hft_infer.cli import build_parser
+from hft_infer.app.cli import build_parser
 from hft_infer.clock import perf_ns
 from hft_infer.metrics import new_histogram, record_array, summarize
 
@@ -98,7 +98,7 @@ def _json_feed(events):
 
 def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_p99_ms: float,
               spin: bool = True) -> dict:
-    from hft_infer.launcher import private_runtime_dir
+    from hft_infer.app.launcher import private_runtime_dir
     from hft_infer.replay.pacer import Pacer, constant_rate
     from hft_infer.replay.synthetic import SyntheticConfig, generate
     from hft_infer.transport.sockets import bind
@@ -163,7 +163,7 @@ def run_naive(rate: float, duration: float, seed: int, checkpoint: str, sustain_
 
 def run_hft(rate: float, duration: float, seed: int, sustain_p99_ms: float, extra: list[str],
             pacer: str = "spin") -> dict:
-    from hft_infer.bench import run
+    from hft_infer.app.bench import run
 
     args = build_parser().parse_args(["bench", "--rate", str(rate), "--duration", str(duration), "--warmup", "1",
                                       "--seed", str(seed), "--quiet", "--pacer", pacer, *extra])

@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from hft_infer.cli import build_parser
+from hft_infer.app.cli import build_parser
 from hft_infer.metrics import add_sparse, from_wire, new_histogram
 
 
@@ -32,7 +32,7 @@ def main() -> int:
     extra = [x for x in a.bench_args if x != "--"]
     args = build_parser().parse_args(["bench", "--rate", str(a.rate), "--duration", str(a.minutes * 60),
                                       "--warmup", "5", "--quiet", *extra])
-    from hft_infer.bench import run
+    from hft_infer.app.bench import run
 
     out, stats = run(args)
     snaps = [s for s in stats.snapshots if not s.final]

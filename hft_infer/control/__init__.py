@@ -1,14 +1,13 @@
 """The control plane: everything about watching the service, in its own process.
 
-- protocol.py: the Snapshot the hot loop ships once per stats interval;
-- process.py: `hft-infer dashboard`, and start/stop helpers for `serve`;
+- settings.py: what the control process is told at start, the files it writes;
+- process.py: start/stop helpers for `serve` (the command is hft_infer.app.dashboard);
 - server.py: the running process (ZeroMQ PULL in, uvloop, aiohttp out);
 - aggregator.py: interval and cumulative histograms, rates, bounded history;
 - dashboard.py + static/: the page, its WebSocket feed, /metrics;
-- exporter.py: the Prometheus collector;
-- hlog.py, histograms.py: .hlog/.hgrm files and vectorised HDR percentiles;
-- report.py: `hft-infer report` (HTML + PNG comparison of runs);
-- feeder.py: synthetic snapshots over a real socket, for tests and demos.
+- exporter.py: the Prometheus collector.
 
+The Snapshot it receives is a wire type (hft_infer.transport.stats); .hlog and
+.hgrm files and HDR percentiles live in hft_infer.metrics.
 docs/notes/observability.md describes how the pieces fit and fail.
 """

@@ -22,9 +22,22 @@ from dataclasses import dataclass, field
 import msgspec
 from hdrh.histogram import HdrHistogram
 
-from hft_infer.control.histograms import counts_of, index_values, nines_curve_us, percentile_values
-from hft_infer.control.protocol import COUNTERS, GAUGES, Snapshot, decode_snapshot
-from hft_infer.metrics import SERVICE_STAGES, IntervalCounts, add_sparse, from_wire, new_histogram
+from hft_infer.metrics import (
+    SERVICE_STAGES,
+    IntervalCounts,
+    add_sparse,
+    counts_of,
+    from_wire,
+    new_histogram,
+)
+from hft_infer.metrics.histograms import (
+    NINES_TICKS,
+    NINES_X,
+    index_values,
+    nines_curve_us,
+    percentile_values,
+)
+from hft_infer.transport.stats import COUNTERS, GAUGES, Snapshot, decode_snapshot
 
 MAX_STAGES = 16  # stages beyond this (a buggy or hostile sender) are refused
 MAX_HIGHEST_NS = 86_400 * 10**9  # histogram range beyond a day is refused (memory, see _validate)
@@ -269,8 +282,6 @@ class Aggregator:
 
     def hello(self) -> dict:
         """What a newly connected page needs: the layout constants, the history and the last frame."""
-        from hft_infer.control.histograms import NINES_TICKS, NINES_X
-
         return {
             "type": "hello",
             "nines_x": [float(x) for x in NINES_X],

@@ -25,7 +25,11 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 
 from hft_infer.control.aggregator import Aggregator
-from hft_infer.control.histograms import approx_sum_ns, count_at_or_below, percentile_values
+from hft_infer.metrics.histograms import (
+    approx_sum_ns,
+    count_at_or_below,
+    percentile_values,
+)
 
 SUMMARY_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
 # Histogram bucket bounds: 1-2-5 from 1 µs to 1 s (`le` in seconds).

@@ -1,9 +1,10 @@
-"""The control process: snapshots in, dashboard + /metrics + HDR logs out.
+"""Starting and stopping the control process (snapshots in, dashboard + /metrics + HDR
+logs out) as a child of `serve`.
 
-`hft-infer dashboard` runs it on its own; `serve` starts it as a subprocess
-with `start_control_process` and stops it with `stop_control_process`. This
-module is the CLI and process handling (light to import); the running
-process is server.py.
+`hft-infer dashboard` (hft_infer.app.dashboard) runs it on its own; `serve`
+starts it as a subprocess with `start_control_process` and stops it with
+`stop_control_process`. This module is the process handling (light to
+import); the running process is server.py, its settings settings.py.
 
 It binds a PULL socket at the service's control endpoint; the service's PUSH
 (ZMQ_IMMEDIATE, small HWM, NOBLOCK) connects to it. So the two can start,
@@ -23,37 +24,19 @@ exit), so a caller that asked for port 0 can find it.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
-URL_FILE = "dashboard.url"
-HLOG_FILE = "service.hlog"
-LOG_FILE = "control.log"
+from hft_infer.control.settings import LOG_FILE, URL_FILE
 
-
-@dataclass(frozen=True)
-class ControlSettings:
-    endpoint: str  # where this process binds its PULL (expanded)
-    host: str
-    port: int
-    run_dir: str
-    hlog: bool = True
-    history_points: int = 600
-    service_name: str = "hft-infer"
-
-
-# --- for serve ---------------------------------------------------------------
 
 def control_command(config_path: str | None = None, overrides=(), run_dir: str | None = None, *,
                     endpoint: str | None = None, host: str | None = None, port: int | None = None,
                     extra=()) -> list[str]:
-    cmd = [sys.executable, "-m", "hft_infer.cli", "dashboard"]
+    cmd = [sys.executable, "-m", "hft_infer", "dashboard"]
     if config_path:
         cmd += ["-c", config_path]
     for item in overrides:
@@ -132,81 +115,3 @@ def _last_log_line(run_dir: str) -> str:
         return lines[-1] if lines else "(no output)"
     except OSError:
         return "(no log)"
-
-
-# --- CLI ---------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-c", "--config", metavar="FILE",
-                   help="TOML config (default: the embedded default); supplies the endpoint, host, port")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable)")
-    p.add_argument("--connect", metavar="ENDPOINT",
-                   help="control endpoint the service ships snapshots to; this process binds it "
-                        "(default: metrics.control_endpoint)")
-    p.add_argument("--host", help="dashboard bind address (default: control.host, 127.0.0.1)")
-    p.add_argument("--port", type=int, help="dashboard port, 0 = any free one (default: control.port)")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="where service.hlog, <stage>.hgrm and dashboard.url go "
-                        "(default: service.run_dir, else ./runs/<name>-dashboard-<time>)")
-    p.add_argument("--no-hlog", action="store_true", help="do not write the .hlog interval log")
-    p.add_argument("--history-points", type=int, default=600, metavar="N",
-                   help="points of percentile history kept and plotted (default 600: 10 min at 1 s)")
-
-
-def settings_from_args(args: argparse.Namespace) -> ControlSettings:
-    from hft_infer.cli import UserError
-    from hft_infer.config import expand_endpoint, load_config
-    from hft_infer.transport.sockets import is_local_endpoint
-
-    cfg = load_config(args.config, args.overrides)
-    endpoint = expand_endpoint(args.connect or cfg.metrics.control_endpoint, cfg)
-    host = args.host or cfg.control.host
-    port = cfg.control.port if args.port is None else args.port
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port {port}: must be 0..65535")
-    if not (1 <= args.history_points <= 100_000):
-        raise UserError(f"--history-points {args.history_points}: must be 1..100000")
-    if not _is_loopback_host(host) and not cfg.security.allow_remote:
-        raise UserError(f"refusing to serve the dashboard on {host!r}: it is not loopback "
-                        "(set security.allow_remote = true to allow it)")
-    if not is_local_endpoint(endpoint) and not cfg.security.allow_remote:
-        raise UserError(f"refusing non-loopback control endpoint {endpoint!r} "
-                        "(set security.allow_remote = true to allow it)")
-    run_dir = args.run_dir or cfg.service.run_dir or os.path.join(
-        "runs", f"{cfg.service.name}-dashboard-{time.strftime('%Y%m%d-%H%M%S')}")
-    return ControlSettings(endpoint=endpoint, host=host, port=port, run_dir=run_dir,
-                           hlog=cfg.control.hlog and not args.no_hlog, history_points=args.history_points,
-                           service_name=cfg.service.name)
-
-
-def _is_loopback_host(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def main(args: argparse.Namespace) -> int:
-    import asyncio
-
-    import uvloop
-
-    from hft_infer.control.server import ControlProcess
-
-    settings = settings_from_args(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s control %(levelname)s %(message)s",
-                        stream=sys.stderr)
-
-    async def amain() -> int:
-        proc = ControlProcess(settings)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, proc.request_stop)
-        return await proc.run()
-
-    return uvloop.run(amain())

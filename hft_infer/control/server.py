@@ -1,8 +1,7 @@
 """The running control process: snapshots in, dashboard + /metrics + HDR logs out.
 
 See process.py for how it is started and stopped; this module holds the
-event-loop side (imported only when the process runs, so that building the
-CLI parser stays fast).
+event-loop side.
 """
 
 from __future__ import annotations
@@ -12,7 +11,22 @@ import logging
 import os
 import time
 
-from hft_infer.control.process import HLOG_FILE, URL_FILE, ControlSettings
+import zmq
+import zmq.asyncio
+from aiohttp import web
+
+from hft_infer.control.aggregator import Aggregator
+from hft_infer.control.dashboard import Broadcaster, build_app
+from hft_infer.control.exporter import build_registry
+from hft_infer.control.settings import HLOG_FILE, URL_FILE, ControlSettings
+from hft_infer.errors import UserError
+from hft_infer.metrics.hlog import (
+    IntervalLogWriter,
+    merge_by_tag,
+    read_hlog,
+    write_hgrm,
+)
+from hft_infer.transport.sockets import bind
 
 log = logging.getLogger("hft_infer.control")
 
@@ -22,10 +36,6 @@ MAX_SNAPSHOT_BYTES = 16 << 20  # libzmq drops (and disconnects) a peer sending m
 
 class ControlProcess:
     def __init__(self, settings: ControlSettings) -> None:
-        from hft_infer.control.aggregator import Aggregator
-        from hft_infer.control.dashboard import Broadcaster
-        from hft_infer.control.exporter import build_registry
-
         self.s = settings
         self.agg = Aggregator(history_points=settings.history_points)
         self.registry = build_registry(self.agg)
@@ -38,13 +48,6 @@ class ControlProcess:
         self._stop.set()
 
     async def run(self) -> int:
-        import zmq
-        import zmq.asyncio
-        from aiohttp import web
-
-        from hft_infer.control.dashboard import build_app
-        from hft_infer.transport.sockets import bind
-
         s = self.s
         os.makedirs(s.run_dir, exist_ok=True)
         ctx = zmq.asyncio.Context()
@@ -68,8 +71,6 @@ class ControlProcess:
             try:
                 await site.start()
             except OSError as e:
-                from hft_infer.cli import UserError
-
                 raise UserError(f"cannot listen on {s.host}:{s.port}: {e.strerror}") from None
             port = runner.addresses[0][1]
             host = f"[{s.host}]" if ":" in s.host else s.host
@@ -99,8 +100,6 @@ class ControlProcess:
                 _remove_ipc_file(s.endpoint)
 
     def _open_hlog(self) -> None:
-        from hft_infer.control.hlog import IntervalLogWriter, merge_by_tag, read_hlog
-
         path = os.path.join(self.s.run_dir, HLOG_FILE)
         if os.path.exists(path) and os.path.getsize(path) > 0:
             try:
@@ -147,8 +146,6 @@ class ControlProcess:
 
     def _drain(self, sock) -> None:
         """Handle what is queued now, without waiting."""
-        import zmq
-
         for _ in range(RCV_HWM):
             # zmq.asyncio answers NOBLOCK with a finished future (result or zmq.Again).
             try:
@@ -168,8 +165,6 @@ class ControlProcess:
             self.broadcaster.publish_status(self.agg.status(time.time()))
 
     def _finish(self) -> None:
-        from hft_infer.control.hlog import write_hgrm
-
         written = []
         for stage, st in self.agg.stages.items():
             if st.cumulative.total_count > 0:

@@ -11,7 +11,7 @@ refreshes docs/dashboard.png).
 The live test runs against the real thing: `hft-infer serve` (which starts
 its control process, `control.port = 0`) under a steady synthetic load from a
 publisher thread. The memory test needs hundreds of frames quickly, so it
-feeds the control process with `hft_infer.control.feeder` (real Snapshots
+feeds the control process with `tools/snapshot_feeder.py` (real Snapshots
 from real histograms over the service's socket options) at 50 ms intervals.
 """
 
@@ -36,6 +36,8 @@ import pytest
 
 from hft_infer.control.process import start_control_process, stop_control_process, wait_for_url
 
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-quic", "--hide-scrollbars", "--mute-audio"]
@@ -52,7 +54,7 @@ class LiveDashboard:
 
 
 def _start_feeder(endpoint: str, interval_ms: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hft_infer.control.feeder", "--connect", endpoint,
+    return subprocess.Popen([sys.executable, str(TOOLS / "snapshot_feeder.py"), "--connect", endpoint,
                              "--interval-ms", str(interval_ms), "--rate", "20000"],
                             stdin=subprocess.DEVNULL)
 

@@ -27,10 +27,10 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from hft_infer.control.feeder import SyntheticService, open_push
-from hft_infer.control.hlog import merge_by_tag, read_hgrm, read_hlog
+from snapshot_feeder import SyntheticService, open_push
+from hft_infer.metrics.hlog import merge_by_tag, read_hgrm, read_hlog
 from hft_infer.control.process import start_control_process, stop_control_process, wait_for_url
-from hft_infer.control.protocol import encode_snapshot
+from hft_infer.transport.stats import encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, add_sparse, from_wire, new_histogram
 
 DEADLINE_S = 30.0  # waiting for a subprocess on a shared 2-core box; not a measurement
@@ -309,7 +309,7 @@ async def test_websocket_refuses_other_origins_and_greets_its_own(control):
 
 def _dashboard_cli(*args: str, env_dir: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HFT_INFER_RUNTIME_DIR=env_dir)
-    return subprocess.run([sys.executable, "-m", "hft_infer.cli", "dashboard", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hft_infer", "dashboard", *args], capture_output=True,
                           text=True, timeout=DEADLINE_S, env=env)
 
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from hft_infer.control.aggregator import MAX_STAGES, Aggregator
 from hft_infer.control.dashboard import Broadcaster, _Mailbox
-from hft_infer.control.feeder import SyntheticService
-from hft_infer.control.protocol import encode_snapshot
+from snapshot_feeder import SyntheticService
+from hft_infer.transport.stats import encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, add_sparse, from_wire, new_histogram
 
 S = 1_000_000_000

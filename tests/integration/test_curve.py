@@ -44,7 +44,7 @@ from hft_infer.transport.sockets import (
     open_subscriber,
 )
 
-CLI = [sys.executable, "-c", "import sys; from hft_infer.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-c", "import sys; from hft_infer.app.cli import main; sys.exit(main(sys.argv[1:]))"]
 SAFETY_MS = 20_000  # upper bound on waiting for an event that must come; not a latency assertion
 
 

@@ -26,12 +26,9 @@ from hft_infer.transport.codec import SERVICE_TOPIC, encode, topic_for
 from hft_infer.transport.schema import Heartbeat
 from hft_infer.transport.sockets import open_publisher, open_subscriber
 
-# `python -m hft_infer.cli` for the normal path (as the brief and README use);
-# the error paths go through cli.main imported as a module: under `-m`,
-# hft_infer.cli runs as __main__, so a UserError raised by a subcommand (a
-# class of the module hft_infer.cli) is not the __main__ copy the CLI catches.
-CLI = [sys.executable, "-m", "hft_infer.cli"]
-CLI_MAIN = [sys.executable, "-c", "import sys; from hft_infer.cli import main; sys.exit(main())"]
+# `python -m hft_infer` is the `hft-infer` command (hft_infer/__main__.py).
+CLI = [sys.executable, "-m", "hft_infer"]
+CLI_MAIN = CLI
 WAIT_S = 30  # generous upper bound for a subprocess on a loaded 2-core machine; never hit when things work
 
 

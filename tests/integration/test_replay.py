@@ -22,7 +22,7 @@ LOBSTER = ROOT / "tests" / "fixtures" / "lobster"
 
 
 def cli(*args, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "hft_infer.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hft_infer", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
 
@@ -38,7 +38,7 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
         # 1. a live synthetic session, recorded
         pub = ctx.socket(zmq.XPUB)
         pub.bind(f"ipc://{runtime}/orig.sock")
-        rec1 = subprocess.Popen([sys.executable, "-m", "hft_infer.cli", "record", "--endpoint",
+        rec1 = subprocess.Popen([sys.executable, "-m", "hft_infer", "record", "--endpoint",
                                  f"ipc://{runtime}/orig.sock", "--out", str(first), "--count", "300"], env=env)
         assert pub.poll(30_000), "recorder never subscribed"
         pub.recv()
@@ -47,7 +47,7 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
         assert rec1.wait(60) == 0
         # 2. a service, and a second recorder on the feed endpoint the replay will bind
         svc.start(feed=False)
-        rec2 = subprocess.Popen([sys.executable, "-m", "hft_infer.cli", "record", "--endpoint",
+        rec2 = subprocess.Popen([sys.executable, "-m", "hft_infer", "record", "--endpoint",
                                  f"ipc://{runtime}/t-md.sock", "--out", str(second), "--count", "300"], env=env)
         r = cli("replay", str(first), "--speed", "1", "--set", "service.name=t", *sum((["--set", o] for o in TEST_MODEL), []),
                 "--run-dir", str(tmp_path / "run"), "--quiet", "--json", str(tmp_path / "out.json"), env=env)
@@ -90,19 +90,19 @@ def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
 
 def test_verify_detects_a_perturbed_decision():
     from hft_infer.config import load_config
-    from hft_infer.verify import verify
+    from hft_infer.app.verify import verify
 
     cfg = load_config(None, TEST_MODEL)
     events = generate(400, SyntheticConfig(instruments=4, seed=9))
     from hft_infer.models.checkpoint import load_model
-    from hft_infer.verify import reference_scores
+    from hft_infer.app.verify import reference_scores
 
     model, version = load_model("", preset="mlp_small")
     ref = reference_scores(model, events, mode="window")
     decisions = [Decision(int(e["instrument"]), int(e["seq"]), 0, 0, 0, float(ref[k]), 0, 0, 0, 0, version)
                  for k, e in enumerate(events[:200])]
     actions = {}
-    from hft_infer.verify import policy_actions
+    from hft_infer.app.verify import policy_actions
 
     for inst in range(4):
         idx = [k for k in range(200) if decisions[k].instrument == inst]

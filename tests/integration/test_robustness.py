@@ -10,7 +10,7 @@ import time
 import zmq
 from service_harness import TEST_MODEL, ServiceUnderTest, quote
 
-from hft_infer.fuzz import mutate
+from fuzzlib import mutate
 from hft_infer.transport.codec import topic_for
 from hft_infer.transport.schema import Decision, Outcome, Reason, Status
 

@@ -13,7 +13,7 @@ SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "dashboard", "che
 
 
 def run(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "hft_infer.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hft_infer", *args], capture_output=True, text=True,
                           timeout=120, **kw)
 
 

@@ -13,7 +13,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader, HistogramLogWriter
 
-from hft_infer.control.histograms import (
+from hft_infer.metrics.histograms import (
     NINES_PERCENTILES,
     approx_sum_ns,
     count_at_or_below,
@@ -21,7 +21,7 @@ from hft_infer.control.histograms import (
     nines_curve_us,
     percentile_values,
 )
-from hft_infer.control.hlog import (
+from hft_infer.metrics.hlog import (
     IntervalLogWriter,
     hgrm_text,
     merge_by_tag,

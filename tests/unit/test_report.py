@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hft_infer.cli import main as cli_main
-from hft_infer.control.hlog import IntervalLogWriter, write_hgrm
+from hft_infer.app.cli import main as cli_main
+from hft_infer.metrics.hlog import IntervalLogWriter, write_hgrm
 from hft_infer.metrics import SERVICE_STAGES, TICK_TO_DECISION, new_histogram, record_array, summarize
 
 MEDIANS_NS = {"wire": 30_000, "decode": 2_000, "queue": 10_000, "step": 80_000, "publish": 4_000,
@@ -56,7 +56,7 @@ def _make_run(root: Path, name: str, slow: float, seed: int, *, bench_layout: bo
 
 
 def _fmt(us: float) -> str:
-    from hft_infer.control.report import _fmt_us
+    from hft_infer.app.report import _fmt_us
 
     return _fmt_us(us)
 
@@ -136,7 +136,7 @@ def test_report_user_errors_are_one_line(tmp_path, capsys, make, expect):
 
 
 def test_report_helpers_read_hgrm_percentiles():
-    from hft_infer.control.report import curve_from_hgrm, table_from_curve
+    from hft_infer.app.report import curve_from_hgrm, table_from_curve
 
     h = new_histogram()
     rng = np.random.default_rng(0)
@@ -144,7 +144,7 @@ def test_report_helpers_read_hgrm_percentiles():
     import tempfile
 
     buf = io.StringIO()
-    from hft_infer.control.hlog import hgrm_text
+    from hft_infer.metrics.hlog import hgrm_text
 
     buf.write(hgrm_text(h))
     with tempfile.NamedTemporaryFile("w", suffix=".hgrm", delete=False) as f:

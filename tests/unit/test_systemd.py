@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 
 from hft_infer.config import load_config
-from hft_infer.systemd import default_exec, quote_arg, render_drop_in, render_unit, unit_spec
+from hft_infer.app.systemd import default_exec, quote_arg, render_drop_in, render_unit, unit_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "tools" / "systemd" / "hft-infer@.service"
 ANALYZE = shutil.which("systemd-analyze")
-# The CLI as the installed `hft-infer` script runs it (`python -m hft_infer.cli` loads cli.py
-# twice, as __main__ and as hft_infer.cli, and would not recognise hft_infer.cli.UserError).
-CLI = [sys.executable, "-c", "import sys; from hft_infer.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-m", "hft_infer"]  # the `hft-infer` command
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
 
 PRODUCTION_LIKE = """

@@ -28,10 +28,20 @@ from pathlib import Path
 
 import numpy as np
 import zmq
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
 
-from hft_infer.cli import UserError
+from hft_infer.app.launcher import (
+    ServiceProcess,
+    open_feed_publisher,
+    private_runtime_dir,
+    subscribe_decisions,
+)
 from hft_infer.clock import perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
+from hft_infer.errors import UserError
 from hft_infer.metrics import (
     SERVICE_STAGES,
     TICK_TO_DECISION,
@@ -41,14 +51,17 @@ from hft_infer.metrics import (
     record_array,
     summarize,
 )
+from hft_infer.metrics.hlog import write_hgrm
+from hft_infer.replay.pacer import Pacer
+from hft_infer.transport.schema import Status
+from hft_infer.transport.sockets import bind
+from hft_infer.transport.stats import decode_snapshot
 
 
 class StatsReceiver:
     """Binds the control endpoint and folds the child service's interval snapshots."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
-        from hft_infer.transport.sockets import bind
-
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         bind(self.sock, endpoint)
@@ -57,8 +70,6 @@ class StatsReceiver:
         self.hists = {}
 
     def poll(self) -> None:
-        from hft_infer.control.protocol import decode_snapshot
-
         while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             snap = decode_snapshot(self.sock.recv(zmq.NOBLOCK))
             self.snapshots.append(snap)
@@ -98,9 +109,6 @@ class Target:
 def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, label: str = "bench",
           extra: dict | None = None, spin: bool = True):
     """Returns (result dict, StatsReceiver | None, CollectorResult)."""
-    from hft_infer.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
-    from hft_infer.replay.pacer import Pacer
-
     cfg = target.cfg
     if cfg.ingest.socket_type != "sub" or cfg.ingest.bind:
         raise UserError(f"{label} publishes on a PUB that the service connects to: needs ingest.socket_type = "
@@ -204,8 +212,6 @@ def _wait_running_service(pub: zmq.Socket, collector, n_topics: int, timeout_s: 
     the same moment, so after the service's topics have arrived we wait until
     no subscription has come for a moment: everyone connected gets every frame.
     """
-    from hft_infer.transport.schema import Status
-
     deadline = perf_ns() + int(timeout_s * 1e9)
     subscribed = 0
     status = None
@@ -242,8 +248,6 @@ def _wait_next_status(collector, timeout_s: float) -> None:
 
 
 def _write_histograms(run_dir: Path, result, lateness, pace) -> None:
-    from hft_infer.control.hlog import write_hgrm
-
     if result.tick_histogram.get_total_count():
         write_hgrm(result.tick_histogram, str(run_dir / f"{TICK_TO_DECISION}.hgrm"))
         result.write_hlog(str(run_dir / f"{TICK_TO_DECISION}.hlog"))
@@ -255,8 +259,6 @@ class Progress:
     """A one-line live progress display (rich), refreshed from the pacer once a second."""
 
     def __init__(self, total: int, label: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
-
         self.p = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                               TimeRemainingColumn(), auto_refresh=False, transient=True)
         self.task = self.p.add_task("send", total=total, rate="")
@@ -277,9 +279,6 @@ class Progress:
 
 
 def print_result(out: dict, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     t = Table(title=title)
     for col in ("stage", "count", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"):

@@ -24,6 +24,10 @@ import numpy as np
 import torch
 
 from hft_infer.config import Config
+from hft_infer.models.base import scores_from_logits
+from hft_infer.models.checkpoint import load_model
+from hft_infer.models.dataset import instrument_order, raw_rows, window_index
+from hft_infer.models.evaluation import window_logits
 from hft_infer.transport.schema import Decision, Outcome
 
 DEFAULT_TOLERANCE = 1e-4  # float32 batched vs per-window recompute differ by ~1e-6 on mlp_small (tests)
@@ -64,10 +68,6 @@ class VerifyResult:
 
 def reference_scores(model, events: np.ndarray, *, mode: str) -> np.ndarray:
     """float64 score of every event (as if each were decided), in table order."""
-    from hft_infer.models.dataset import instrument_order, raw_rows, window_index
-    from hft_infer.models.evaluation import window_logits
-    from hft_infer.models.base import scores_from_logits
-
     spec = model.spec
     rows = raw_rows(events, spec.levels)
     n = events.shape[0]
@@ -119,8 +119,6 @@ def policy_actions(scores: list[float], threshold: float, hysteresis: float) -> 
 
 def verify(decisions: list[Decision], events: np.ndarray, cfg: Config, *, tolerance: float = DEFAULT_TOLERANCE,
            service_model_version: str | None = None) -> VerifyResult:
-    from hft_infer.models.checkpoint import load_model
-
     model, version = load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
                                 mode=cfg.model.mode)
     if service_model_version and service_model_version != version:

@@ -8,7 +8,7 @@ process costs the hot loop one failed send (counted as
 endpoint and the PUSH reconnects by itself.
 
 One `Snapshot` per interval. Latency stages travel as sparse HDR counts
-(`hft_infer.metrics.WireIntervalCounts`); the receiver adds them into its own
+(`WireIntervalCounts`, made by `hft_infer.metrics.to_wire`); the receiver adds them into its own
 interval and cumulative histograms (`metrics.add_sparse`). Counters are
 cumulative since the service started, so a dropped snapshot loses no counts.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import msgspec
 
-from hft_infer.metrics import WireIntervalCounts
 
 # Cumulative counters in every snapshot (names are also the Prometheus names'
 # stems: hft_infer_<name>_total).
@@ -41,6 +40,16 @@ GAUGES = (
     "last_batch_size",
     "rss_bytes",
 )
+
+
+class WireIntervalCounts(msgspec.Struct, array_like=True, frozen=True):
+    """One stage's interval histogram as sparse HDR counts (hft_infer.metrics.to_wire)."""
+
+    index: bytes  # int32 little-endian bucket indices with non-zero counts
+    count: bytes  # int64 little-endian counts
+    min_ns: int
+    max_ns: int
+    total: int
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):

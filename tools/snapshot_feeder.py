@@ -7,7 +7,7 @@ service's socket options (ZMQ_IMMEDIATE, small HWM, NOBLOCK; a failed send
 is counted as control_dropped). The load and the latencies drift slowly
 (a 30 s cycle) so that a dashboard has something that moves.
 
-    python -m hft_infer.control.feeder --connect ipc:///tmp/x/control.sock --interval-ms 200
+    python tools/snapshot_feeder.py --connect ipc:///tmp/x/control.sock --interval-ms 200
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from hft_infer.control.protocol import COUNTERS, GAUGES, Snapshot, encode_snapshot
+from hft_infer.transport.stats import COUNTERS, GAUGES, Snapshot, encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 
 # Median latency (ns) and lognormal sigma per stage, roughly what the CPU
@@ -111,7 +111,7 @@ def open_push(ctx, endpoint: str):
 def main(argv: list[str] | None = None) -> int:
     import zmq
 
-    p = argparse.ArgumentParser(prog="python -m hft_infer.control.feeder", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python tools/snapshot_feeder.py", description=__doc__.splitlines()[0])
     p.add_argument("--connect", required=True, metavar="ENDPOINT", help="the control process's endpoint")
     p.add_argument("--interval-ms", type=float, default=1000.0, help="snapshot interval (default 1000)")
     p.add_argument("--rate", type=float, default=20_000, help="synthetic events/s (default 20000)")

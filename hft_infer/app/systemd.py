@@ -28,6 +28,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hft_infer.affinity import SysFs, format_cpulist, plan_placement
+from hft_infer.config import load_config
+from hft_infer.errors import UserError
+from hft_infer.transport.sockets import is_local_endpoint
+
 _INSTANCE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHARD = re.compile(r"^(\d+)/(\d+)$")
 _HOME_DIRS = ("/home", "/root", "/run/user")
@@ -45,14 +50,14 @@ def quote_arg(arg: str) -> str:
 
 def default_exec() -> list[str]:
     """The installed `hft-infer` entry point next to this interpreter, on PATH, or
-    `python -m hft_infer.cli` (ExecStart= needs an absolute path)."""
+    `python -m hft_infer` (ExecStart= needs an absolute path)."""
     beside = Path(sys.executable).parent / "hft-infer"
     if beside.is_file() and os.access(beside, os.X_OK):
         return [str(beside)]
     found = shutil.which("hft-infer")
     if found:
         return [str(Path(found).absolute())]
-    return [sys.executable, "-m", "hft_infer.cli"]
+    return [sys.executable, "-m", "hft_infer"]
 
 
 @dataclass
@@ -97,10 +102,6 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
               overrides: list[str] | tuple[str, ...] = (), user: str = "hft-infer", group: str | None = None,
               exec_cmd: list[str] | None = None, sysfs_root: str = "/", gpu_pci: str | None = None) -> UnitSpec:
     """Everything the unit says about this config; `sysfs_root`/`gpu_pci` as in affinity.plan_placement."""
-    from hft_infer.affinity import format_cpulist, plan_placement
-    from hft_infer.cli import UserError
-    from hft_infer.transport.sockets import is_local_endpoint
-
     if instance is not None and not _INSTANCE.match(instance):
         raise UserError(f"--instance {instance!r}: use letters, digits, '.', '_' or '-'")
     if shard is not None:
@@ -140,8 +141,6 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
     # Setting it to the hot core alone would put libzmq's IO threads and the
     # control process on the busy-polling core, which starves them.
     if cfg.cpu.cores != "none":
-        from hft_infer.affinity import SysFs
-
         online = SysFs(sysfs_root).online()
         slot = int(shard.split("/")[0]) if shard else cfg.universe.shard_index
         plan = plan_placement(cfg.cpu, cfg.runner.device, slot=slot, sysfs_root=sysfs_root,
@@ -188,8 +187,6 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
 
 
 def _lines_placement(spec: UnitSpec) -> list[str]:
-    from hft_infer.affinity import format_cpulist
-
     out = [f"# {c}" for c in spec.comments]
     if spec.cpu_affinity:
         out.append(f"CPUAffinity={format_cpulist(spec.cpu_affinity)}")
@@ -337,29 +334,7 @@ def render_drop_in(spec: UnitSpec, *, command_line: str = "") -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Print a systemd unit for a config: Type=notify with watchdog, restart on failure, CPU/NUMA "
-        "placement from [cpu], resource limits and sandboxing. Install it under /etc/systemd/system/.")
-    parser.add_argument("-c", "--config", required=True, metavar="FILE",
-                        help="the TOML config the service will run (its absolute path goes into ExecStart)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="config override, applied here and passed on to ExecStart (repeatable)")
-    parser.add_argument("--instance", metavar="NAME",
-                        help="unit hft-infer@NAME.service (overrides the template for that instance)")
-    parser.add_argument("--drop-in", action="store_true",
-                        help="with --instance: print only the config-specific drop-in for the template")
-    parser.add_argument("--shard", metavar="I/N", help="pass --shard I/N to serve (also picks the auto core)")
-    parser.add_argument("--user", default="hft-infer", help="User= (default: hft-infer, a dedicated system user)")
-    parser.add_argument("--group", default=None, help="Group= (default: the user's name)")
-    parser.add_argument("--exec", dest="exec_path", metavar="PATH",
-                        help="the hft-infer executable (default: the one installed beside this Python)")
-
-
 def main(args: argparse.Namespace) -> int:
-    from hft_infer.cli import UserError
-    from hft_infer.config import load_config
-
     if args.drop_in and not args.instance:
         raise UserError("--drop-in needs --instance NAME (it adds to the hft-infer@.service template)")
     cfg = load_config(args.config, args.overrides)

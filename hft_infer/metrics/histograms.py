@@ -16,17 +16,14 @@ import functools
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from hft_infer.metrics import counts_of
+
 # The x axis of HDR percentile plots: x = -log10(1 - p), so 90% sits at 1,
 # 99% at 2, 99.9% at 3 ("nines"). 0 .. 5 in eighths: up to 99.999%.
 NINES_X = np.arange(0.0, 5.0 + 1e-9, 0.125)
 NINES_PERCENTILES = 100.0 * (1.0 - 10.0 ** -NINES_X)
 NINES_TICKS = ((0.0, "0%"), (0.30103, "50%"), (1.0, "90%"), (2.0, "99%"), (3.0, "99.9%"),
                (4.0, "99.99%"), (5.0, "99.999%"))
-
-
-def counts_of(hist: HdrHistogram) -> np.ndarray:
-    """numpy view of the histogram's own counts (a ctypes array inside its payload)."""
-    return np.ctypeslib.as_array(hist.counts)
 
 
 @functools.lru_cache(maxsize=8)

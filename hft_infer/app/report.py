@@ -32,6 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from hft_infer import __version__
+from hft_infer.errors import UserError
+from hft_infer.metrics import SERVICE_STAGES, TICK_TO_DECISION, summarize
+from hft_infer.metrics.histograms import percentile_values
+from hft_infer.metrics.hlog import HlogError, merge_by_tag, read_hgrm, read_hlog
+
 if TYPE_CHECKING:  # numpy is imported where it is used: building the CLI parser stays light
     import numpy as np
 
@@ -69,24 +77,16 @@ class Run:
 # --- loading -------------------------------------------------------------------
 
 def _user_error(msg: str) -> Exception:
-    from hft_infer.cli import UserError
-
     return UserError(msg)
 
 
 def _nines(percentiles: np.ndarray) -> np.ndarray:
-    import numpy as np
-
     with np.errstate(divide="ignore"):
         return -np.log10(1.0 - np.asarray(percentiles, dtype=np.float64) / 100.0)
 
 
 def curve_from_histogram(hist, source: str) -> Curve | None:
     """Dense curve up to the sample's resolution (p <= 1 - 1/count), capped at 6 nines."""
-    import numpy as np
-
-    from hft_infer.control.histograms import percentile_values
-
     n = int(hist.get_total_count())
     if n == 0:
         return None
@@ -97,8 +97,6 @@ def curve_from_histogram(hist, source: str) -> Curve | None:
 
 
 def curve_from_hgrm(path: str) -> Curve | None:
-    from hft_infer.control.hlog import read_hgrm
-
     d = read_hgrm(path)
     keep = d.percentiles < 100.0  # 100 % is at infinity on the nines axis
     if not keep.any():
@@ -107,15 +105,11 @@ def curve_from_hgrm(path: str) -> Curve | None:
 
 
 def table_from_histogram(hist) -> dict:
-    from hft_infer.metrics import summarize
-
     return summarize(hist)
 
 
 def table_from_curve(c: Curve) -> dict:
     """Percentiles read off a listing: the first row at or past each percentile."""
-    import numpy as np
-
     out = {"count": c.count, "max_us": c.max_us}
     for key, p in (("p50_us", 50.0), ("p90_us", 90.0), ("p99_us", 99.0), ("p999_us", 99.9)):
         i = np.searchsorted(c.x, _nines(np.array([p]))[0] - 1e-9)
@@ -124,8 +118,6 @@ def table_from_curve(c: Curve) -> dict:
 
 
 def _load_hlog(run: Run, path: str) -> None:
-    from hft_infer.control.hlog import HlogError, merge_by_tag, read_hlog
-
     try:
         merged = merge_by_tag(read_hlog(path))
     except HlogError as e:
@@ -151,8 +143,6 @@ def _load_hgrm(run: Run, path: str) -> None:
 
 
 def _summary_tables(summary: dict) -> dict[str, dict]:
-    from hft_infer.metrics import TICK_TO_DECISION
-
     out = {}
     for stage, row in (summary.get("stages") or {}).items():
         if isinstance(row, dict) and row.get("count"):
@@ -225,8 +215,6 @@ def _labels(sources: list[str], given: list[str]) -> list[str]:
 # --- figure ----------------------------------------------------------------------
 
 def _stage_order(runs: list[Run]) -> list[str]:
-    from hft_infer.metrics import SERVICE_STAGES, TICK_TO_DECISION
-
     names = {s for r in runs for s in (*r.curves, *r.table)}
     first = [s for s in (TICK_TO_DECISION, *SERVICE_STAGES) if s in names]
     return first + sorted(names - set(first))
@@ -332,8 +320,6 @@ def _fmt_n(v) -> str:
 
 
 def render_html(runs: list[Run], title: str, svg: str | None) -> str:
-    from hft_infer import __version__
-
     out = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>",
            f"<style>{_CSS}</style></head><body>",
            f"<h1>{_e(title)}</h1>",
@@ -413,17 +399,6 @@ def render_html(runs: list[Run], title: str, svg: str | None) -> str:
 
 
 # --- CLI -------------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="+", metavar="RUN_DIR_OR_HLOG",
-                   help="run directories (serve/bench/replay/dashboard), .hlog or .hgrm files; one run each")
-    p.add_argument("--out", default="report.html", metavar="HTML", help="HTML file to write (default report.html)")
-    p.add_argument("--png", metavar="PNG", help="PNG of the figure (default: the HTML's name with .png)")
-    p.add_argument("--no-png", action="store_true", help="write only the HTML")
-    p.add_argument("--label", action="append", default=[], metavar="NAME",
-                   help="name of each run in the order given (default: directory or file names)")
-    p.add_argument("--title", default="hft-infer latency report", help="heading of the page and the figure")
-
 
 def build_report(sources: list[str], out: str, *, png: str | None = None, labels=(), title: str = "") -> list[Run]:
     runs = [load_run(s, lab) for s, lab in zip(sources, _labels(sources, list(labels)))]

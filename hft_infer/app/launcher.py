@@ -15,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import zmq
 
-from hft_infer.cli import UserError
 from hft_infer.clock import perf_ns
+from hft_infer.errors import UserError
 from hft_infer.replay.collector import Collector
 from hft_infer.transport.sockets import bind, open_subscriber
 
@@ -69,7 +70,7 @@ class ServiceProcess:
 
     def __init__(self, *, config: str | None, overrides: list[str], run_dir: Path, log_dir: Path,
                  env: dict[str, str], extra_args: list[str] | None = None, control: bool = False) -> None:
-        self.cmd = [sys.executable, "-m", "hft_infer.cli", "serve", "--run-dir", str(run_dir)]
+        self.cmd = [sys.executable, "-m", "hft_infer", "serve", "--run-dir", str(run_dir)]
         if not control:
             self.cmd.append("--no-control")
         if config:
@@ -124,8 +125,6 @@ def subscribe_decisions(ctx: zmq.Context, endpoint: str, *, topic_frame: bool = 
 
 def private_runtime_dir(prefix: str = "hft-") -> str:
     """A fresh, short runtime dir for ipc sockets (paths must stay under ~100 bytes)."""
-    import tempfile
-
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(path, 0o700)
     return path

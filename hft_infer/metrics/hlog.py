@@ -30,6 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from hft_infer.metrics import counts_of
+from hft_infer.metrics.histograms import index_values
+
 LOG_FORMAT_VERSION = "1.3"
 LEGEND = '"StartTimestamp","Interval_Length","Interval_Max","Interval_Compressed_Histogram"'
 # Interval_Max is written in ms for ns recordings, as the Java tools expect
@@ -196,8 +199,6 @@ def hgrm_text(hist: HdrHistogram, unit_ratio: float = 1e3, ticks_per_half_distan
                 out.append(row % (value, pct, it.total_count_to_this_value, 1.0 / (1.0 - pct)))
             else:
                 out.append(last % (value, pct, it.total_count_to_this_value))
-    from hft_infer.control.histograms import counts_of, index_values
-
     n = hist.get_total_count()
     mean = std = 0.0
     if n:

@@ -10,13 +10,40 @@ exit 0. A fatal error logs once and exits non-zero so systemd restarts it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+import uvloop
+import zmq
+
+from hft_infer.affinity import (
+    apply_placement,
+    configure_zmq_context,
+    confine_process,
+    finish_warmup,
+    plan_placement,
+)
 from hft_infer.config import Config, ConfigError, load_config, to_toml_dict
+from hft_infer.control.process import (
+    start_control_process,
+    stop_control_process,
+    wait_for_url,
+)
+from hft_infer.metrics import format_table
+from hft_infer.metrics.hlog import write_hgrm as write_one
+from hft_infer.runner.select import resolve_device
+from hft_infer.sdnotify import Notifier, watchdog_interval_s
+from hft_infer.security import (
+    check_security,
+    curve_for_egress,
+    curve_for_ingest,
+    start_authenticator,
+)
+from hft_infer.service import Service
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -48,8 +75,6 @@ def make_run_dir(cfg: Config, explicit: str | None) -> Path:
 def write_hgrm(stages_cumulative: dict, run_dir: Path) -> None:
     """Percentile distributions (HdrHistogram .hgrm, values in microseconds), when no
     control process writes them."""
-    from hft_infer.control.hlog import write_hgrm as write_one
-
     for stage, hist in stages_cumulative.items():
         if hist.get_total_count():
             write_one(hist, str(run_dir / f"{stage}.hgrm"))
@@ -60,9 +85,6 @@ def start_control(cfg: Config, args: argparse.Namespace, run_dir: Path, plan, lo
     It is optional: if it cannot start, the service runs without it."""
     if not cfg.control.enabled or getattr(args, "no_control", False):
         return None
-    from hft_infer.affinity import confine_process
-    from hft_infer.control.process import start_control_process, wait_for_url
-
     overrides = list(getattr(args, "overrides", []) or [])
     if getattr(args, "shard", None):
         i, n = parse_shard(args.shard)
@@ -81,17 +103,6 @@ def start_control(cfg: Config, args: argparse.Namespace, run_dir: Path, plan, lo
 
 
 def main(args: argparse.Namespace) -> int:
-    import contextlib
-
-    import uvloop
-    import zmq
-
-    from hft_infer.affinity import apply_placement, configure_zmq_context, plan_placement
-    from hft_infer.runner.select import resolve_device
-    from hft_infer.sdnotify import Notifier
-    from hft_infer.security import check_security, start_authenticator
-    from hft_infer.service import Service
-
     cfg = resolve_config(args)
     run_dir = make_run_dir(cfg, getattr(args, "run_dir", None))
     log = _logger(cfg.service.name)
@@ -107,8 +118,6 @@ def main(args: argparse.Namespace) -> int:
         report = apply_placement(plan, strict=cfg.cpu.strict, steps=[zmq_step])
         control = start_control(cfg, args, run_dir, plan, log)
         if control is not None:
-            from hft_infer.control.process import stop_control_process
-
             cleanup.callback(stop_control_process, control)  # after the final snapshot: .hlog, .hgrm
         notifier = Notifier.from_env(unset_environment=True)  # children must not notify in our name
         cleanup.callback(notifier.close)
@@ -135,10 +144,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _prepare(service, cfg: Config, ctx, report, notifier, log) -> None:
     """Sockets (with CURVE where configured), warm-up, post-warm-up placement, systemd hooks."""
-    from hft_infer.affinity import finish_warmup
-    from hft_infer.sdnotify import watchdog_interval_s
-    from hft_infer.security import curve_for_egress, curve_for_ingest
-
     service.open_sockets(ctx, curve_ingest=curve_for_ingest(cfg), curve_egress=curve_for_egress(cfg))
     service.warm_up()
     finish_warmup(report, strict=cfg.cpu.strict)
@@ -161,8 +166,6 @@ def _prepare(service, cfg: Config, ctx, report, notifier, log) -> None:
 
 def _report(service, cfg: Config, run_dir: Path, args: argparse.Namespace, *, wrote_hgrm: bool, log) -> int:
     """Print the per-stage table and the accounting; write service.json (and .hgrm)."""
-    from hft_infer.metrics import format_table
-
     summary = service.summary() | {"config": to_toml_dict(cfg), "run_dir": str(run_dir)}
     print(format_table(summary["stages"], title=f"hft-infer serve: latency by stage (µs), engine={service.engine.name}"))
     acc = summary["accounting"]

@@ -4,7 +4,7 @@ The service runs as a child (`hft-infer serve`, exactly as a user starts it)
 on a private runtime dir, so it cannot collide with a running service. This
 process generates the synthetic feed, fixes every event's intended send time
 (constant or Poisson at --rate), paces it and collects decisions and the
-service's stage histograms (hft_infer.drive, shared with `replay`).
+service's stage histograms (hft_infer.app.drive, shared with `replay`).
 
 CLI level: may use `replay` (the service core may not).
 """
@@ -20,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hft_infer.cli import UserError
+from hft_infer.app.drive import Load, Target, drive, print_result
 from hft_infer.config import Config, load_config
+from hft_infer.errors import UserError
+from hft_infer.models.checkpoint import load_model
+from hft_infer.replay.pacer import constant_rate, encode_feed, poisson_rate
+from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 
 def main(args: argparse.Namespace) -> int:
-    from hft_infer.drive import print_result
-
     out, _stats = run(args)
     print_result(out, f"hft-infer bench — {out['rate_offered']:g} events/s offered, {out['rate_achieved']:,.0f} "
                       f"achieved, engine={out['engine']}, model={out['model_version']}")
@@ -47,8 +49,6 @@ def pacer_spins(choice: str) -> bool:
 
 
 def model_levels(cfg: Config) -> int:
-    from hft_infer.models.checkpoint import load_model
-
     return load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
                       mode=cfg.model.mode)[0].spec.levels
 
@@ -56,10 +56,6 @@ def model_levels(cfg: Config) -> int:
 def run(args: argparse.Namespace):
     """Run one bench; returns the result dict (also run_dir/summary.json) and the stats
     receiver (every interval snapshot the service shipped, e.g. for soak analysis)."""
-    from hft_infer.drive import Load, Target, drive
-    from hft_infer.replay.pacer import constant_rate, encode_feed, poisson_rate
-    from hft_infer.replay.synthetic import SyntheticConfig, generate
-
     if args.rate <= 0 or args.duration <= 0 or args.warmup < 0:
         raise UserError("--rate and --duration must be > 0, --warmup >= 0")
     cfg: Config = load_config(args.config, args.overrides)

@@ -1,7 +1,9 @@
 """Latency histograms: record cheaply on the hot path, fold in bulk elsewhere.
 
-A leaf module (numpy + hdrhistogram only): `replay` and the control process
-use it too.
+A leaf package (numpy, hdrhistogram and the wire types of `transport`):
+`replay` and the control process use it too. `hlog` reads and writes HDR
+interval logs and percentile files; `histograms` reads histograms back
+(percentiles, curves) for the control process and reports.
 
 Why not `HdrHistogram.record_value` per event: it costs ~1.2 us per value in
 Python (measured on the 2-core dev VM), more than the model step across six
@@ -22,9 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 from hdrh.histogram import HdrHistogram
+
+from hft_infer.transport.stats import WireIntervalCounts
 
 # Stages recorded by the service, in pipeline order (DESIGN.md, Latency stages).
 SERVICE_STAGES = ("wire", "decode", "queue", "step", "publish", "service")
@@ -41,8 +44,10 @@ def new_histogram(highest_ns: int = DEFAULT_HIGHEST_NS, digits: int = DEFAULT_DI
     return HdrHistogram(LOWEST_NS, highest_ns, digits)
 
 
-def _counts_view(hist: HdrHistogram) -> np.ndarray:
-    """numpy view of the histogram's own counts (a ctypes array in its payload)."""
+def counts_of(hist: HdrHistogram) -> np.ndarray:
+    """numpy view of the histogram's own counts (a ctypes array in its payload: an internal
+    of hdrhistogram 0.10, pinned in pyproject.toml; tests/unit/test_metrics.py checks that
+    our bulk recording stays bit-identical to `record_value`)."""
     return np.ctypeslib.as_array(hist.counts)
 
 
@@ -80,7 +85,7 @@ def record_array(hist: HdrHistogram, values: np.ndarray) -> IntervalCounts | Non
         return None
     v = np.clip(values, 0, hist.highest_trackable_value)
     binned = np.bincount(counts_index(hist, v), minlength=hist.counts_len)
-    counts = _counts_view(hist)
+    counts = counts_of(hist)
     counts += binned.astype(counts.dtype)
     nz = np.flatnonzero(binned)
     sparse = IntervalCounts(nz.astype(np.int32), binned[nz], int(v.min()), int(v.max()), int(v.size))
@@ -91,7 +96,7 @@ def record_array(hist: HdrHistogram, values: np.ndarray) -> IntervalCounts | Non
 
 
 def add_sparse(hist: HdrHistogram, sparse: IntervalCounts) -> None:
-    counts = _counts_view(hist)
+    counts = counts_of(hist)
     np.add.at(counts, sparse.index, sparse.count.astype(counts.dtype))
     hist.total_count += sparse.total
     hist.min_value = min(hist.min_value, sparse.min_ns)
@@ -199,14 +204,6 @@ class StageHistograms:
 
 
 # --- wire form of interval counts (hot loop -> control process) -------------
-
-class WireIntervalCounts(msgspec.Struct, array_like=True, frozen=True):
-    index: bytes  # int32 little-endian
-    count: bytes  # int64 little-endian
-    min_ns: int
-    max_ns: int
-    total: int
-
 
 def to_wire(sparse: IntervalCounts) -> WireIntervalCounts:
     return WireIntervalCounts(sparse.index.astype("<i4").tobytes(), sparse.count.astype("<i8").tobytes(),

@@ -1,0 +1,63 @@
+"""`hft-infer record`: record a live feed into a capture file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hft_infer.errors import UserError
+from hft_infer.replay import capture as cap
+from hft_infer.replay.recorder import record
+from hft_infer.transport.codec import topic_for
+from hft_infer.transport.sockets import is_local_endpoint
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.duration is not None and not args.duration > 0:
+        raise UserError(f"--duration must be positive, got {args.duration}")
+    if args.count is not None and args.count <= 0:
+        raise UserError(f"--count must be positive, got {args.count}")
+    if args.flush_ms is not None and not args.flush_ms > 0:
+        raise UserError(f"--flush-ms must be positive, got {args.flush_ms}")
+    if args.flush_records is not None and args.flush_records <= 0:
+        raise UserError(f"--flush-records must be positive, got {args.flush_records}")
+    if not args.allow_remote and not is_local_endpoint(args.endpoint):
+        raise UserError(f"refusing non-loopback endpoint {args.endpoint!r}: pass --allow-remote to record it "
+                        "without CURVE")
+    if args.instrument and args.socket_type != "sub":
+        raise UserError("--instrument filters topics: it needs --socket-type sub")
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        raise UserError(f"cannot write {args.out}: directory {parent} does not exist")
+    if os.path.exists(args.out) and not (args.force or args.append):
+        raise UserError(f"{args.out} exists: pass --force to overwrite it or --append to add to it")
+    for i in args.instrument or ():
+        if not 0 <= i <= 0xFFFFFFFD:
+            raise UserError(f"--instrument {i} is outside 0..4294967293")
+    topics = [topic_for(i) for i in args.instrument] if args.instrument else None
+
+    def ready(resolved: str) -> None:
+        limits = [f"{args.duration:g} s" if args.duration else "", f"{args.count} messages" if args.count else ""]
+        until = " or ".join(x for x in limits if x) or "SIGINT/SIGTERM"
+        print(f"hft-infer record: recording {resolved} -> {args.out} until {until}", file=sys.stderr, flush=True)
+
+    kw = {}
+    if args.flush_ms is not None:
+        kw["flush_ms"] = args.flush_ms
+    if args.flush_records is not None:
+        kw["flush_records"] = args.flush_records
+    try:
+        res = record(args.endpoint, args.out, duration_s=args.duration, max_events=args.count, topics=topics,
+                     socket_type=args.socket_type, bind=args.bind, allow_remote=args.allow_remote,
+                     topic_frame=not args.no_topic_frame, fsync=args.fsync, overwrite=args.force,
+                     append=args.append, on_ready=ready, **kw)
+    except (cap.CaptureError, FileExistsError) as e:
+        raise UserError(str(e)) from None
+    # Read the count back from the file itself: what a reader will see.
+    info = cap.capture_info(args.out)
+    print(f"recorded {res.recorded} messages ({res.frames} frames, {res.frame_bytes} bytes) "
+          f"in {res.duration_s:.2f} s from {res.endpoint}; stopped by {res.stopped_by}")
+    print(f"{args.out}: {info['records']} messages in {info['blocks']} blocks, {info['file_bytes']} bytes, "
+          f"{'closed cleanly' if info['clean'] else 'NOT closed cleanly'}")
+    return 0
