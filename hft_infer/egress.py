@@ -13,7 +13,6 @@ import zmq
 from hft_infer.transport.codec import SERVICE_TOPIC, ReusableEncoder, topic_for
 from hft_infer.transport.schema import Decision, Status
 
-
 _MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)  # plain ints: enum flags cost an enum per send
 _NOBLOCK = int(zmq.NOBLOCK)
 

@@ -28,7 +28,6 @@ import zmq
 
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint
-from hft_infer.transport.stats import Snapshot, encode_snapshot
 from hft_infer.egress import DecisionPublisher
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.select import build_runtime
@@ -36,6 +35,7 @@ from hft_infer.scheduler import NO_REQUEST, Scheduler
 from hft_infer.transport import sockets
 from hft_infer.transport.codec import IngressDecoder, topic_for, validate_quote, validate_trade
 from hft_infer.transport.schema import Heartbeat, Kind, Outcome, Quote, Reason, Status, Trade
+from hft_infer.transport.stats import Snapshot, encode_snapshot
 
 KIND_QUOTE = int(Kind.QUOTE)
 KIND_TRADE = int(Kind.TRADE)

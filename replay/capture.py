@@ -70,6 +70,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+
 from hft_infer.transport.schema import Heartbeat, IngressMessage, Quote, Trade
 
 from .events import KIND_QUOTE, KIND_TRADE, empty_events

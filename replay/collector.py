@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-from hft_infer.transport.codec import EgressDecoder
-from hft_infer.transport.schema import Outcome, Status
 
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.metrics import new_histogram, record_array, summarize
 from hft_infer.metrics.hlog import header_text, interval_line
+from hft_infer.transport.codec import EgressDecoder
+from hft_infer.transport.schema import Outcome, Status
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)  # ints: no enum per call
 

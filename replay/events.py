@@ -9,6 +9,7 @@ cannot tell a replay from a live feed.
 from __future__ import annotations
 
 import numpy as np
+
 from hft_infer.transport.codec import encode, topic_for
 from hft_infer.transport.schema import Kind, Quote, Trade
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
-from hft_infer.replay.events import to_message
-from hft_infer.transport.codec import encode, topic_for
 
 from hft_infer.clock import perf_ns
+from hft_infer.replay.events import to_message
+from hft_infer.transport.codec import encode, topic_for
 
 TS_SENTINEL = 0x7FFF_FFFF_FFFF_FFF0
 _SENTINEL_BYTES = b"\xcf" + TS_SENTINEL.to_bytes(8, "big")

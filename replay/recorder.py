@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+
 from hft_infer.transport.sockets import open_ingest
 
 from .capture import FLUSH_MS, FLUSH_RECORDS, CaptureWriter

@@ -36,8 +36,9 @@ from typing import Annotated
 
 import msgspec
 import numpy as np
-from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, empty_events
 from msgspec import Meta
+
+from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, empty_events
 
 PosInt = Annotated[int, Meta(gt=0)]
 PosFloat = Annotated[float, Meta(gt=0.0)]

@@ -76,7 +76,7 @@ def main() -> int:
         for s in range(n_slots):
             store.count[s] = depth
 
-        def kstep():
+        def kstep(model=model, depth=depth):
             return KernelStep(model, mode="window", window_method="incremental", n_slots=n_slots + 1,
                               ring_depth=depth, max_batch=max(buckets), precision="fp32", threshold=0.2,
                               hysteresis=0.0, device="cuda")
@@ -86,7 +86,7 @@ def main() -> int:
         rows = {b: {"model": name, "batch": b} for b in buckets}
         pos = 10_000
 
-        def measure(vname, eng):
+        def measure(vname, eng, rows=rows):
             for b in buckets:
                 slots = np.arange(b) % n_slots
 

@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 
-from hft_infer.models import PRESETS, build_model, dataset as ds
+from hft_infer.models import PRESETS, build_model
+from hft_infer.models import dataset as ds
 from hft_infer.models.executor import build_executor
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 

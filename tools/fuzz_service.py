@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-
 from fuzzlib import mutate
+
 from hft_infer.app.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
 from hft_infer.transport.codec import EgressDecoder, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Quote, Reason, Status, Trade

@@ -60,7 +60,8 @@ def reference() -> str:
             nxt = body[i + 1] if i + 1 < len(body) else None
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 doc = " ".join(str(nxt.value.value).split())
-            out.append(f"| `{f.target.id}` | {_type(f.annotation)} | `{_default(f.value)}` | {doc.replace('|', '&#124;')} |")
+            cell = doc.replace("|", "&#124;")
+            out.append(f"| `{f.target.id}` | {_type(f.annotation)} | `{_default(f.value)}` | {cell} |")
         out.append("")
     return "\n".join(out)
 

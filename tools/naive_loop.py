@@ -36,7 +36,6 @@ from hft_infer.app.cli import build_parser
 from hft_infer.clock import perf_ns
 from hft_infer.metrics import new_histogram, record_array, summarize
 
-
 # ----------------------------------------------------------------------------- the naive service
 
 async def naive_serve(md: str, decisions: str, checkpoint: str) -> None:

@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from hft_infer.transport.stats import COUNTERS, GAUGES, Snapshot, encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
+from hft_infer.transport.stats import COUNTERS, GAUGES, Snapshot, encode_snapshot
 
 # Median latency (ns) and lognormal sigma per stage, roughly what the CPU
 # engine shows on the dev VM.

@@ -29,6 +29,7 @@ from .schema import (
     Trade,
 )
 
+
 # The most significant byte of a little-endian float32 (every 4th byte of the
 # block) holds the sign bit and the top 7 exponent bits. It is < 0x7F exactly
 # for non-negative values below 2**127; NaN, +-inf, every negative number

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import msgspec
 
-
 # Cumulative counters in every snapshot (names are also the Prometheus names'
 # stems: hft_infer_<name>_total).
 COUNTERS = (

@@ -167,7 +167,8 @@ def _prepare(service, cfg: Config, ctx, report, notifier, log) -> None:
 def _report(service, cfg: Config, run_dir: Path, args: argparse.Namespace, *, wrote_hgrm: bool, log) -> int:
     """Print the per-stage table and the accounting; write service.json (and .hgrm)."""
     summary = service.summary() | {"config": to_toml_dict(cfg), "run_dir": str(run_dir)}
-    print(format_table(summary["stages"], title=f"hft-infer serve: latency by stage (µs), engine={service.engine.name}"))
+    title = f"hft-infer serve: latency by stage (µs), engine={service.engine.name}"
+    print(format_table(summary["stages"], title=title))
     acc = summary["accounting"]
     print("accounting: " + ", ".join(f"{k}={v}" for k, v in acc.items()))
     extra = {k: v for k, v in summary["counters"].items() if k not in acc and v}

@@ -203,7 +203,7 @@ class Aggregator:
                                 dict(snap.placement), snap.final)
         end_s = snap.ts_ns / 1e9
         length_s = snap.interval_ns / 1e9
-        for name, st in self.stages.items():
+        for st in self.stages.values():
             st.fresh = False
         for name, ic in folded.items():
             st = self._stage(name)

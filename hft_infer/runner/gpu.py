@@ -24,10 +24,10 @@ LSTM states see every row.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
-
-import time
 
 from hft_infer.runner.base import Engine, EngineFailure
 

@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
-
 from snapshot_feeder import SyntheticService, open_push
-from hft_infer.metrics.hlog import merge_by_tag, read_hgrm, read_hlog
+
 from hft_infer.control.process import start_control_process, stop_control_process, wait_for_url
-from hft_infer.transport.stats import encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, add_sparse, from_wire, new_histogram
+from hft_infer.metrics.hlog import merge_by_tag, read_hgrm, read_hlog
+from hft_infer.transport.stats import encode_snapshot
 
 DEADLINE_S = 30.0  # waiting for a subprocess on a shared 2-core box; not a measurement
 INTERVAL_NS = 1_000_000_000

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
+from snapshot_feeder import SyntheticService
 
 from hft_infer.control.aggregator import MAX_STAGES, Aggregator
 from hft_infer.control.dashboard import Broadcaster, _Mailbox
-from snapshot_feeder import SyntheticService
-from hft_infer.transport.stats import encode_snapshot
 from hft_infer.metrics import SERVICE_STAGES, add_sparse, from_wire, new_histogram
+from hft_infer.transport.stats import encode_snapshot
 
 S = 1_000_000_000
 

@@ -247,7 +247,8 @@ def test_topic_filter_records_only_the_chosen_instruments(zctx, sock_dir, tmp_pa
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--endpoint", "tcp://10.1.2.3:5555"], "refusing non-loopback endpoint 'tcp://10.1.2.3:5555': pass --allow-remote"),
+    (["--endpoint", "tcp://10.1.2.3:5555"],
+     "refusing non-loopback endpoint 'tcp://10.1.2.3:5555': pass --allow-remote"),
     (["--endpoint", "ipc:///tmp/x.sock", "--duration", "0"], "--duration must be positive"),
     (["--endpoint", "ipc:///tmp/x.sock", "--count", "-1"], "--count must be positive"),
     (["--endpoint", "127.0.0.1:5555"], "has no scheme"),

@@ -49,7 +49,8 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
         svc.start(feed=False)
         rec2 = subprocess.Popen([sys.executable, "-m", "hft_infer", "record", "--endpoint",
                                  f"ipc://{runtime}/t-md.sock", "--out", str(second), "--count", "300"], env=env)
-        r = cli("replay", str(first), "--speed", "1", "--set", "service.name=t", *sum((["--set", o] for o in TEST_MODEL), []),
+        model_args = sum((["--set", o] for o in TEST_MODEL), [])
+        r = cli("replay", str(first), "--speed", "1", "--set", "service.name=t", *model_args,
                 "--run-dir", str(tmp_path / "run"), "--quiet", "--json", str(tmp_path / "out.json"), env=env)
         assert r.returncode == 0, r.stderr + r.stdout
         assert rec2.wait(60) == 0
@@ -89,13 +90,13 @@ def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
 
 
 def test_verify_detects_a_perturbed_decision():
-    from hft_infer.config import load_config
     from hft_infer.app.verify import verify
+    from hft_infer.config import load_config
 
     cfg = load_config(None, TEST_MODEL)
     events = generate(400, SyntheticConfig(instruments=4, seed=9))
-    from hft_infer.models.checkpoint import load_model
     from hft_infer.app.verify import reference_scores
+    from hft_infer.models.checkpoint import load_model
 
     model, version = load_model("", preset="mlp_small")
     ref = reference_scores(model, events, mode="window")

@@ -13,6 +13,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader, HistogramLogWriter
 
+from hft_infer.metrics import new_histogram, record_array
 from hft_infer.metrics.histograms import (
     NINES_PERCENTILES,
     approx_sum_ns,
@@ -29,7 +30,6 @@ from hft_infer.metrics.hlog import (
     read_hlog,
     write_hgrm,
 )
-from hft_infer.metrics import new_histogram, record_array
 
 
 def _hist(values, highest_ns=60_000_000_000, digits=3) -> HdrHistogram:

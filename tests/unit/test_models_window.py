@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hft_infer.models import PRESETS, build_model, dataset as ds
+from hft_infer.models import PRESETS, build_model
+from hft_infer.models import dataset as ds
 from hft_infer.models.executor import (
     LstmRecomputeExecutor,
     LstmStreamExecutor,

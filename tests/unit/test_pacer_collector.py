@@ -16,7 +16,7 @@ from hft_infer.replay.pacer import (
     encode_feed,
     poisson_rate,
 )
-from hft_infer.transport.codec import ReusableEncoder, SERVICE_TOPIC, IngressDecoder, topic_for
+from hft_infer.transport.codec import SERVICE_TOPIC, IngressDecoder, ReusableEncoder, topic_for
 from hft_infer.transport.schema import Decision, Status
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hft_infer.app.cli import main as cli_main
-from hft_infer.metrics.hlog import IntervalLogWriter, write_hgrm
 from hft_infer.metrics import SERVICE_STAGES, TICK_TO_DECISION, new_histogram, record_array, summarize
+from hft_infer.metrics.hlog import IntervalLogWriter, write_hgrm
 
 MEDIANS_NS = {"wire": 30_000, "decode": 2_000, "queue": 10_000, "step": 80_000, "publish": 4_000,
               "service": 100_000}

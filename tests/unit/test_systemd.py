@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hft_infer.config import load_config
 from hft_infer.app.systemd import default_exec, quote_arg, render_drop_in, render_unit, unit_spec
+from hft_infer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "tools" / "systemd" / "hft-infer@.service"
@@ -217,7 +217,7 @@ def test_template_and_an_instance_verify(tmp_path):
 
 @needs_analyze
 def test_drop_in_on_the_template_verifies(tmp_path):
-    unit = _installable_template(tmp_path)
+    _installable_template(tmp_path)
     drop_dir = tmp_path / "hft-infer@gpu0.service.d"
     drop_dir.mkdir()
     spec = spec_for(config_file(tmp_path), instance="gpu0")
