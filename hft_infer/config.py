@@ -75,12 +75,14 @@ class IngestConfig(_Section):
     yield_interval_us: PosInt = 1000
     """busy/hybrid: longest stretch of spinning between yields to the event loop (timers, signals)."""
     max_drain: PosInt = 256
-    """Most frames read in one ingest phase before the loop steps the model."""
+    """Most frames read in one ingest burst before the loop looks at the model step again."""
 
 
 class EgressConfig(_Section):
     endpoint: str = "ipc://{runtime_dir}/{name}-decisions.sock"
     """Where decisions (and Status) are published."""
+    mode: Literal["batch", "per_instrument"] = "per_instrument"
+    """batch: one DecisionBatch frame per loop iteration (columnar; cheapest per decision); per_instrument: one Decision frame per answer on the instrument's topic (for subscribers that filter)."""
     bind: bool = True
     """True: bind (clients connect to us); False: connect to a forwarder."""
     topic_frame: bool = True
@@ -196,6 +198,8 @@ class RunnerConfig(_Section):
     """Debug: verify before every replay that graph inputs have not moved."""
     watchdog_ms: PosInt = 1000
     """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
+    cpu_worker: bool = False
+    """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile (pays when a step is long against the per-event work and a core is free for it)."""
 
     @property
     def max_bucket(self) -> int:

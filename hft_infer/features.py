@@ -14,8 +14,15 @@ zero-fill of the missing levels and trade fields. A trade row repeats the
 instrument's last book and sets the two trade fields.
 
 The ring memory is allocated by torch so that the same buffer can be pinned
-for a GPU engine (and read in place by a persistent kernel); the CPU engine
-reads it through `torch.from_numpy`-free views of the same storage.
+for a GPU engine (and read in place by its kernels through the UVA mapping);
+the CPU engine reads it through views of the same storage.
+
+Depth: rows stay in the ring until every request that may read them is done
+(runner/select.py sizes it: the model's window, the pending rows of a
+sequential slot, and the rows the loop may ingest while a step is in flight,
+which the loop bounds per step; see service.py). Values are validated before
+they are written (transport/codec.py): every float is finite, non-negative
+and below 2**127, so the float32 packing here cannot overflow.
 """
 
 from __future__ import annotations
@@ -51,9 +58,6 @@ class FeatureStore:
         self._book_bytes = levels * BYTES_PER_LEVEL
         self._zeros = bytes(self._row_bytes)
         self.count = [0] * (n_slots + 1)  # rows written per slot (Python ints: cheap to bump)
-
-    def _offset(self, slot: int, position: int) -> int:
-        return slot * self._slot_bytes + (position % self.depth) * self._row_bytes
 
     def write_quote(self, slot: int, book, n_levels: int) -> int:
         """Copy a quote's packed book into the slot's next row; returns the row's position."""
@@ -103,3 +107,9 @@ class FeatureStore:
     def reset(self) -> None:
         self.array[...] = 0
         self.count = [0] * (self.n_slots + 1)
+
+    def reset_slots(self, slots) -> None:
+        """Forget these slots' rows: they start again at position 0 (a Reset on the feed)."""
+        for slot in slots:
+            self.array[slot] = 0
+            self.count[slot] = 0

@@ -22,14 +22,21 @@ k-way merge of FIFOs that are each sorted by enqueue time, O(classes) per
 pick with no allocation. A class-c request enqueued at t therefore goes before
 every class-0 request enqueued after t + c * aging: no class starves.
 
-Deadlines: a request whose trigger was received more than `max_age_us` ago
-when its turn comes is shed (answered SHED/STALE). Conflating models skip the
-step for it; sequential ones still run it (a stateful model's state needs
-every row) but the decision is withheld and answered SHED.
+Deadlines: every request carries its trigger's *origin* (perf_counter_ns):
+the publisher's send time (`ts_send_ns`, converted) when the event had one,
+else its receive time, so time spent in the publisher's and the socket's
+queues counts. A request older than `max_age_us` from its origin when its
+turn comes is shed (answered SHED/STALE). Conflating models skip the step for
+it; sequential ones still run it (a stateful model's state needs every row)
+but the decision is withheld and answered SHED. Events that are already stale
+on arrival are handled by the ingest (hft_infer/ingest.py): shed at once under
+conflation, queued as apply-only (`stale=True`) in sequential mode.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
-tools/bench_hotpath.py); request ids come from a free list.
+tools/bench_hotpath.py); request ids come from a free list, so
+`live_requests()` (ids handed out and not yet released) is counted
+independently of the service's outcome counters.
 """
 
 from __future__ import annotations
@@ -44,42 +51,47 @@ NO_REQUEST = -1
 class AdaptiveWait:
     """Batching wait tuned against a latency objective (AIMD on a sliding p99).
 
-    Every `update_every` batches: p99 of the recent batches' worst
-    queue+step latency against `objective`: above it the wait halves
-    (multiplicative decrease), well below it (< 70 %) the wait grows by a
-    sixteenth of its ceiling (additive increase). The wait is also capped by
-    the time the current arrival rate needs to fill the batch, so at low rates
-    it does not wait for requests that will not come.
+    `observe_batch` only records the batch's worst queue+step latency (a list
+    store). `update(now)`, called by the loop when it has nothing better to
+    do and at most every UPDATE_NS, takes the p99 of the recent samples
+    against `objective`: above it the wait halves (multiplicative decrease),
+    well below it (< 70 %) the wait grows by a sixteenth of its ceiling
+    (additive increase). The wait is also capped by the time the current
+    arrival rate needs to fill the batch, so at low rates it does not wait
+    for requests that will not come.
     """
 
-    def __init__(self, max_wait_ns: int, objective_ns: int, max_batch: int,
-                 window: int = 256, update_every: int = 32) -> None:
+    UPDATE_NS = 5_000_000
+
+    def __init__(self, max_wait_ns: int, objective_ns: int, max_batch: int, window: int = 256) -> None:
         self.max_wait_ns = max_wait_ns
         self.objective_ns = objective_ns
         self.max_batch = max_batch
         self.wait_ns = 0
-        self._samples = np.zeros(window, dtype=np.int64)
+        self._samples = [0] * window
         self._n = 0
-        self._update_every = update_every
-        self._since_update = 0
         self._rate_per_ns = 0.0
         self._last_arrivals = 0
         self._last_ns = 0
+        self._next_update_ns = 0
 
-    def observe_batch(self, worst_queue_plus_step_ns: int, arrivals_total: int, now_ns: int) -> None:
-        self._samples[self._n % self._samples.size] = worst_queue_plus_step_ns
+    def observe_batch(self, worst_queue_plus_step_ns: int) -> None:
+        self._samples[self._n % len(self._samples)] = worst_queue_plus_step_ns
         self._n += 1
-        self._since_update += 1
-        if self._since_update < self._update_every:
+
+    def update(self, arrivals_total: int, now_ns: int) -> None:
+        if now_ns < self._next_update_ns or self._n == 0:
             return
-        self._since_update = 0
+        self._next_update_ns = now_ns + self.UPDATE_NS
         if self._last_ns:
             dt = now_ns - self._last_ns
             if dt > 0:
                 inst = (arrivals_total - self._last_arrivals) / dt
                 self._rate_per_ns = inst if self._rate_per_ns == 0.0 else 0.7 * self._rate_per_ns + 0.3 * inst
         self._last_ns, self._last_arrivals = now_ns, arrivals_total
-        p99 = float(np.percentile(self._samples[:min(self._n, self._samples.size)], 99))
+        window = np.asarray(self._samples[: min(self._n, len(self._samples))], dtype=np.int64)
+        k = min(window.size - 1, int(0.99 * window.size))
+        p99 = float(np.partition(window, k)[k])
         if p99 > self.objective_ns:
             self.wait_ns //= 2
         elif p99 < 0.7 * self.objective_ns:
@@ -120,7 +132,7 @@ class Scheduler:
         self.r_seq = [0] * cap
         self.r_cls = [0] * cap
         self.r_recv_ns = [0] * cap  # perf_counter_ns at receive
-        self.r_push_ns = [0] * cap  # perf_counter_ns when queued (after decode)
+        self.r_origin_ns = [0] * cap  # perf_counter_ns the deadline counts from (send time, else receive)
         self.r_send_epoch_ns = [0] * cap  # publisher's ts_send_ns (echoed in the decision)
         self.r_nconf = [0] * cap
         self.r_stale = [False] * cap
@@ -150,10 +162,9 @@ class Scheduler:
         self._requeue = [0] * cfg.max_batch
 
         # counters
-        self.pending = 0  # requests holding an id (queued, not yet in a formed batch)
+        self.pending = 0  # requests queued and not yet in a formed batch
         self.queued_slots = 0
         self.conflated = 0
-        self.shed_full = 0
 
     # ------------------------------------------------------------------ push
 
@@ -171,26 +182,26 @@ class Scheduler:
         self.s_enq_ns[slot] = enq_ns
         self.queued_slots += 1
 
-    def push(self, slot: int, pos: int, seq: int, cls: int, recv_ns: int, push_ns: int,
-             send_epoch_ns: int) -> int:
-        """Queue an event. Returns the request id, or NO_REQUEST if it was shed (QUEUE_FULL);
-        a conflated predecessor is counted in `conflated` and in the request's n_conflated."""
+    def push(self, slot: int, pos: int, seq: int, cls: int, recv_ns: int, origin_ns: int,
+             send_epoch_ns: int, stale: bool = False) -> int:
+        """Queue an event. Returns the request id, or NO_REQUEST if there is no room (the caller
+        sheds it as QUEUE_FULL); a conflated predecessor is counted in `conflated` and in the
+        request's n_conflated. `origin_ns` is what the deadline counts from; `stale` (sequential
+        only) queues an event that is already past it: its row is applied, its decision withheld."""
         if self.conflate:
             rid = self.s_rid[slot]
             if rid != NO_REQUEST:
                 self.r_pos[rid] = pos
                 self.r_seq[rid] = seq
                 self.r_recv_ns[rid] = recv_ns
-                self.r_push_ns[rid] = push_ns
+                self.r_origin_ns[rid] = origin_ns
                 self.r_send_epoch_ns[rid] = send_epoch_ns
                 self.r_nconf[rid] += 1
                 self.conflated += 1
                 return rid
-        elif self.sequential and self.s_len[slot] >= self.max_pending:
-            self.shed_full += 1
+        elif self.s_len[slot] >= self.max_pending:
             return NO_REQUEST
         if not self._free:
-            self.shed_full += 1
             return NO_REQUEST
         rid = self._free.pop()
         self.r_slot[rid] = slot
@@ -198,20 +209,20 @@ class Scheduler:
         self.r_seq[rid] = seq
         self.r_cls[rid] = cls
         self.r_recv_ns[rid] = recv_ns
-        self.r_push_ns[rid] = push_ns
+        self.r_origin_ns[rid] = origin_ns
         self.r_send_epoch_ns[rid] = send_epoch_ns
         self.r_nconf[rid] = 0
-        self.r_stale[rid] = False
+        self.r_stale[rid] = stale
         self.pending += 1
         if self.conflate:
             self.s_rid[slot] = rid
-            self._enqueue_slot(slot, cls, push_ns)
+            self._enqueue_slot(slot, cls, recv_ns)
         elif self.sequential:
             n = self.s_len[slot]
             self.s_ring[slot][(self.s_head[slot] + n) % self.max_pending] = rid
             self.s_len[slot] = n + 1
             if not self.s_queued[slot]:
-                self._enqueue_slot(slot, cls, push_ns)
+                self._enqueue_slot(slot, cls, recv_ns)
         else:
             raise AssertionError("scheduler needs conflate or sequential")
         return rid
@@ -286,7 +297,7 @@ class Scheduler:
             if self.conflate:
                 rid = self.s_rid[slot]
                 self.s_rid[slot] = NO_REQUEST
-                if now_ns - self.r_recv_ns[rid] > max_age:
+                if now_ns - self.r_origin_ns[rid] > max_age:
                     self.shed_rids[self.n_shed] = rid
                     self.n_shed += 1
                     self.pending -= 1
@@ -299,7 +310,7 @@ class Scheduler:
                 if self.s_len[slot]:
                     self._requeue[n_requeue] = slot
                     n_requeue += 1
-                if now_ns - self.r_recv_ns[rid] > max_age:
+                if now_ns - self.r_origin_ns[rid] > max_age:
                     self.r_stale[rid] = True
             self.batch_rids[n] = rid
             self.pending -= 1
@@ -314,6 +325,9 @@ class Scheduler:
         """Return a request id to the free list once its outcome is published."""
         self._free.append(rid)
 
-    def pending_requests(self) -> int:
-        """Requests not yet picked (for the accounting identity)."""
-        return self.pending
+    def live_requests(self) -> int:
+        """Request ids handed out and not yet released: queued, in a formed batch, or in flight.
+        Counted from the free list, independently of the service's outcome counters, so the
+        accounting identity `received = decided + shed + conflated + rejected + live` is a
+        real check (tests and the final Status rely on it)."""
+        return self.capacity - len(self._free)

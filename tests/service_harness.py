@@ -16,8 +16,8 @@ import numpy as np
 import zmq
 
 from hft_infer.app.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions, tail
-from hft_infer.transport.codec import EgressDecoder, encode, pack_book, topic_for
-from hft_infer.transport.schema import Decision, Quote, Status
+from hft_infer.transport.codec import EgressDecoder, decisions_of_batch, encode, pack_book, topic_for
+from hft_infer.transport.schema import Decision, DecisionBatch, Quote, Status
 
 # Until the trained default model ships, tests pin a small seeded preset so
 # they do not depend on it; the e2e test of the default config uses it as is.
@@ -92,9 +92,14 @@ class ServiceUnderTest:
         self.send([(topic_for(i), quote(i, s, **kw)) for i, s in pairs], gap_s)
 
     def messages(self) -> list:
+        """Every message received, DecisionBatch frames expanded into their Decisions."""
         if not self.ctx.closed:  # after close(): what was received until then
             self.collector.poll()
-        return [self.decoded(p) for p in self.collector.frames]
+        out = []
+        for p in self.collector.frames:
+            m = self.decoded(p)
+            out.extend(decisions_of_batch(m) if isinstance(m, DecisionBatch) else [m])
+        return out
 
     def decisions(self) -> list[Decision]:
         return [m for m in self.messages() if isinstance(m, Decision)]

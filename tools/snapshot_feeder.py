@@ -26,8 +26,8 @@ from hft_infer.transport.stats import COUNTERS, GAUGES, Snapshot, encode_snapsho
 
 # Median latency (ns) and lognormal sigma per stage, roughly what the CPU
 # engine shows on the dev VM.
-_STAGE_SHAPE = {"wire": (35_000, 0.35), "decode": (1_800, 0.25), "queue": (12_000, 0.8),
-                "step": (85_000, 0.3), "publish": (4_000, 0.3)}
+_STAGE_SHAPE = {"wire": (35_000, 0.35), "ingest": (1_800, 0.25), "queue": (12_000, 0.8),
+                "step": (85_000, 0.3), "publish": (4_000, 0.3), "loop_gap": (3_000, 0.5)}
 
 
 class SyntheticService:
@@ -62,7 +62,7 @@ class SyntheticService:
             spikes = rng.random(n) < 2e-3  # the tail the nines axis is for
             v[spikes] *= rng.uniform(5, 40, int(spikes.sum()))
             samples[stage] = v.astype(np.int64)
-        samples["service"] = (samples["decode"] + samples["queue"] + samples["step"] + samples["publish"]
+        samples["service"] = (samples["ingest"] + samples["queue"] + samples["step"] + samples["publish"]
                               + rng.integers(500, 3_000, n))
         for stage, v in samples.items():
             self.hists.buffers[stage].add_many(v)

@@ -7,7 +7,6 @@ exceptions are reserved for input that is not our schema at all.
 
 from __future__ import annotations
 
-import math
 import struct
 
 import msgspec
@@ -95,12 +94,20 @@ def pack_book(levels: np.ndarray) -> bytes:
     return np.ascontiguousarray(levels, dtype="<f4").tobytes()
 
 
+TS_LIMIT = 1 << 63  # ts_send_ns must fit int64 (stage arithmetic, DecisionBatch's int64 column)
+FLOAT_LIMIT = 2.0 ** 127  # the same bound the book check enforces on float32 values
+
+
 def validate_quote(quote: Quote, max_levels: int) -> Reason:
-    """Structural and numeric checks of a decoded quote; Reason.NONE if it is usable."""
+    """Structural and numeric checks of a decoded quote; Reason.NONE if it is usable.
+
+    The ingest's hot path inlines these checks for the common shape (n_levels
+    equal to the model's levels); tests/unit/test_ingest_properties.py drives
+    the real ingest and checks it agrees with this function."""
     n = quote.n_levels
     if n < 1 or n > max_levels or len(quote.book) != n * BYTES_PER_LEVEL:
         return Reason.BAD_LEVELS
-    if quote.seq < 0 or quote.priority < NO_PRIORITY:
+    if quote.seq < 0 or quote.priority < NO_PRIORITY or not 0 <= quote.ts_send_ns < TS_LIMIT:
         return Reason.BAD_FIELD
     m80, m7f, m01 = _MASKS[n]
     x = _from_bytes(quote.book, "little")
@@ -110,41 +117,18 @@ def validate_quote(quote: Quote, max_levels: int) -> Reason:
 
 
 def validate_trade(trade: Trade) -> Reason:
-    if not (math.isfinite(trade.price) and math.isfinite(trade.size)):
+    """Checks of a decoded trade: price and size finite, >= 0 and below 2**127 (so that the
+    float32 feature row holds them); side +-1; seq, priority and ts_send_ns in range."""
+    if not (0.0 <= trade.price < FLOAT_LIMIT and 0.0 <= trade.size < FLOAT_LIMIT):  # NaN fails too
         return Reason.NON_FINITE
-    if trade.price < 0.0 or trade.size < 0.0:
-        return Reason.NON_FINITE
-    if trade.side not in (1, -1) or trade.seq < 0 or trade.priority < NO_PRIORITY:
+    if (trade.side not in (1, -1) or trade.seq < 0 or trade.priority < NO_PRIORITY
+            or not 0 <= trade.ts_send_ns < TS_LIMIT):
         return Reason.BAD_FIELD
     return Reason.NONE
 
 
-def classify(decode, frame, *, max_frame_bytes: int, max_levels: int, universe) -> tuple[object, Reason]:
-    """Decode and validate one ingress frame: (message or None, Reason).
-
-    `universe` is any container of known instrument ids (a dict of id -> slot
-    in the service). Heartbeats come back with Reason.NONE; the caller tells
-    them apart by type. Never raises for bad input.
-    """
-    if len(frame) > max_frame_bytes:
-        return None, Reason.OVERSIZED
-    try:
-        msg = decode(frame)
-    except msgspec.DecodeError:
-        return None, Reason.DECODE_ERROR
-    if type(msg) is Quote:
-        reason = validate_quote(msg, max_levels)
-    elif type(msg) is Trade:
-        reason = validate_trade(msg)
-    else:
-        return msg, Reason.NONE
-    if reason == Reason.NONE and msg.instrument not in universe:
-        reason = Reason.UNKNOWN_INSTRUMENT
-    return msg, reason
-
-
 class IngressDecoder:
-    """Decodes one ingress frame (Quote | Trade | Heartbeat).
+    """Decodes one ingress frame (Quote | Trade | Heartbeat | Reset).
 
     `decode` raises `msgspec.DecodeError` (a ValidationError is a subclass) for
     anything that is not our schema: not msgpack, wrong tag, wrong field
@@ -204,7 +188,6 @@ __all__ = [
     "SERVICE_TOPIC",
     "Status",
     "book_array",
-    "classify",
     "decision_batch_columns",
     "decisions_of_batch",
     "encode",

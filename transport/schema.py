@@ -75,7 +75,8 @@ class Reason(enum.IntEnum):
     BAD_FRAMING = 8  # wrong number of frames for the configured topic framing
     STALE = 9  # shed: older than scheduler.max_age_us when picked
     QUEUE_FULL = 10  # shed: no free request slot (scheduler.capacity)
-    BAD_FIELD = 11  # a field outside its range (negative seq, side not +-1, bad priority)
+    BAD_FIELD = 11  # a field outside its range (negative seq, side not +-1, bad priority, ts_send_ns)
+    OUT_OF_ORDER = 12  # seq not above the instrument's last one (duplicate or late), and not a restart at 0
 
 
 class Quote(msgspec.Struct, tag=TAG_QUOTE, array_like=True, frozen=True, gc=False):
@@ -131,10 +132,12 @@ class Decision(msgspec.Struct, tag=TAG_DECISION, array_like=True, frozen=True, g
 
 
 class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=False):
-    """Service counters, sent on the decision socket every second and at exit.
+    """Service counters, sent on the decision socket every `egress.status_interval_ms` and at exit.
 
-    `received = decided + shed + conflated + rejected + pending` at any time;
-    `pending` is 0 in the final Status (`final = True`).
+    `received = decided + shed + conflated + rejected + pending` at any time,
+    with `pending` counted from the scheduler's live requests (independently of
+    the outcome counters); `pending` is 0 in the final Status (`final = True`).
+    Fields after `model_version` were added later: old clients ignore them.
     """
 
     ts_ns: int
@@ -146,10 +149,13 @@ class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=Fa
     pending: int
     egress_dropped: int
     seq_gaps: int
-    rejected_by_reason: list[int]  # indexed by Reason
+    rejected_by_reason: list[int]  # indexed by Reason (shed reasons too)
     final: bool = False
     engine: str = ""
     model_version: str = ""
+    seq_missing: int = 0  # events missing in the gaps (seq_gaps counts the gaps); saturates at 2**63-1
+    resets: int = 0  # Reset messages applied
+    ingest_disconnects: int = 0  # feed connections lost (and re-established) by the ingest socket
 
 
 class DecisionBatch(msgspec.Struct, tag=TAG_DECISION_BATCH, array_like=True, frozen=True, gc=False):

@@ -27,9 +27,14 @@ COUNTERS = (
     "rejected",
     "egress_dropped",  # decisions/status not sent: subscriber pipe full
     "control_dropped",  # snapshots not sent to the control process
-    "seq_gaps",  # events missing according to per-instrument sequence numbers
+    "seq_gaps",  # gaps in per-instrument sequence numbers (jumps forward)
+    "seq_missing",  # events missing in those gaps (saturates at 2**63-1)
+    "seq_resets",  # sequences that restarted at 0
     "heartbeats",
+    "resets",  # Reset messages applied
     "batches",
+    "ingest_disconnects",  # feed connections lost by the ingest socket (then re-established)
+    "overlapped",  # frames ingested while a model step was in flight
 )
 
 # Point-in-time gauges.

@@ -21,6 +21,17 @@ class Runtime:
     engine: object
     sequential: bool  # scheduler discipline: every event in order (else conflation)
     conflate: bool
+    inflight_rows: int  # frames the loop may ingest while a step is in flight (the ring has room for them)
+
+
+def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
+    """(feature ring depth, in-flight ingest allowance). A slot's ring must hold every row a
+    request still to be stepped may read: the model's window behind the newest request, the
+    rows queued behind it (sequential: up to max_pending_per_instrument), and whatever the
+    loop ingests while a step is in flight, which the loop caps at the allowance (two bursts)."""
+    allowance = 2 * cfg.ingest.max_drain
+    queued = cfg.scheduler.max_pending_per_instrument if sequential else 0
+    return window + queued + allowance, allowance
 
 
 def is_stateful(model, cfg: Config) -> bool:
@@ -56,7 +67,7 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
     conflate = (not stateful) if mode == "auto" else (mode == "on")
     sequential = not conflate
     window = model.spec.window
-    depth = window + cfg.scheduler.max_pending_per_instrument if sequential else window
+    depth, allowance = ring_depth(cfg, window, sequential)
     device = resolve_device(cfg)
     engine_name = cfg.runner.engine
     if device == "cpu":
@@ -66,17 +77,17 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
         reason = "cpu device: eager torch reference path"
         if engine_name == "eager":
             reason = "configured eager"
-        return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason)
+        return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason, allowance)
     if conflate:
         if mode == "on":
             raise ConfigError("scheduler.conflate = \"on\" is a CPU-engine feature: GPU engines step every row "
                               "in order (their device state must see each one)")
         conflate, sequential = False, True
-        depth = window + cfg.scheduler.max_pending_per_instrument
-    return _gpu(cfg, model, version, n_slots, depth, device)
+        depth, allowance = ring_depth(cfg, window, sequential)
+    return _gpu(cfg, model, version, n_slots, depth, device, allowance)
 
 
-def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str) -> Runtime:
+def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str, allowance: int) -> Runtime:
     """Engine `auto`: persistent where it works (window LSTM), else graph, else eager on the CPU.
     Each candidate is built and warmed up here, so a failure falls through to the next."""
     from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
@@ -90,7 +101,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
         if name == "eager":
             reason = "; ".join(refused) or "configured eager"
             return _eager(cfg, model, version, n_slots, depth, True, False, f"eager on the CPU ({reason})",
-                          store=store)
+                          allowance, store=store)
         if name == "persistent" and not (model.spec.kind == "lstm" and cfg.model.mode == "window"):
             refused.append("persistent: serves window-mode LSTMs only")
             continue
@@ -106,7 +117,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                 engine = GraphEngine(kstep, store, list(r.buckets), reason=why,
                                      check_addresses=r.check_graph_addresses)
             engine.warm_up()
-            return Runtime(model, version, store, engine, True, False)
+            return Runtime(model, version, store, engine, True, False, allowance)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
             if wanted != "auto":
                 raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
@@ -115,7 +126,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
 
 
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
-           reason: str, store: FeatureStore | None = None) -> Runtime:
+           reason: str, allowance: int, store: FeatureStore | None = None) -> Runtime:
     from hft_infer.models.decision import DecisionPolicy
     from hft_infer.models.executor import build_executor
     from hft_infer.runner.eager import EagerEngine
@@ -127,4 +138,4 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
     policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
                          threads=cfg.runner.torch_threads)
-    return Runtime(model, version, store, engine, sequential, conflate)
+    return Runtime(model, version, store, engine, sequential, conflate, allowance)

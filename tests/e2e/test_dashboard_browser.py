@@ -300,7 +300,7 @@ async def test_dashboard_shows_live_percentiles(live_dashboard, chromium, tmp_pa
 
     # Percentile table: an interval row and a cumulative row per stage, p50 <= p99 <= max.
     stages = [r[0] for r in second["table"][0::2]]
-    assert stages == ["wire", "decode", "queue", "step", "publish", "service"]
+    assert stages == ["wire", "ingest", "queue", "step", "publish", "service", "loop_gap"]
     for row in second["table"]:
         count, p50, p90, p99, p999, p9999, mx = row[1:]
         assert count != "–", row

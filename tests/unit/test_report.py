@@ -14,8 +14,8 @@ from hft_infer.app.cli import main as cli_main
 from hft_infer.metrics import SERVICE_STAGES, TICK_TO_DECISION, new_histogram, record_array, summarize
 from hft_infer.metrics.hlog import IntervalLogWriter, write_hgrm
 
-MEDIANS_NS = {"wire": 30_000, "decode": 2_000, "queue": 10_000, "step": 80_000, "publish": 4_000,
-              "service": 100_000}
+MEDIANS_NS = {"wire": 30_000, "ingest": 2_000, "queue": 10_000, "step": 80_000, "publish": 4_000,
+              "service": 100_000, "loop_gap": 3_000}
 
 
 def _make_run(root: Path, name: str, slow: float, seed: int, *, bench_layout: bool = False) -> dict:
@@ -87,7 +87,7 @@ def test_report_compares_two_runs(tmp_path, capsys):
         assert f"<td>{_fmt(summary[TICK_TO_DECISION]['p99_us'])}</td>" in text
     # slow has twice the latencies: its p99 ratio column says so
     ratios = [float(x) for x in re.findall(r"class='worse'>×([0-9.]+)<", text)]
-    assert len(ratios) == 7 and all(1.6 < r < 2.5 for r in ratios)
+    assert len(ratios) == len(SERVICE_STAGES) + 1 and all(1.6 < r < 2.5 for r in ratios)  # + tick_to_decision
     # accounting for both, with each run's own values
     assert "<td>decided</td><td>11,001</td><td>11,002</td>" in text
     assert "<td>STALE</td><td>400</td><td>400</td>" in text

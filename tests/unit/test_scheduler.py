@@ -98,7 +98,7 @@ def test_conflation_replaces_trigger_and_counts():
     n = s.form_batch(t + 20)
     rid = s.batch_rids[0]
     assert n == 1 and (s.r_pos[rid], s.r_seq[rid], s.r_nconf[rid], s.r_send_epoch_ns[rid]) == (12, 102, 2, 333)
-    assert s.r_push_ns[rid] == t + 9  # latency is measured from the trigger that is decided
+    assert s.r_origin_ns[rid] == t + 9  # latency is measured from the trigger that is decided
 
 
 def test_conflation_keeps_the_queue_position():
@@ -140,7 +140,7 @@ def test_sequential_overflow_is_shed_queue_full():
     assert s.push(1, 0, 0, 0, t, t, 0) != NO_REQUEST
     assert s.push(1, 1, 1, 0, t, t, 0) != NO_REQUEST
     assert s.push(1, 2, 2, 0, t, t, 0) == NO_REQUEST
-    assert s.shed_full == 1
+    assert s.live_requests() == 2
 
 
 def test_sequential_stale_requests_stay_in_batch_marked_stale():
@@ -154,7 +154,7 @@ def test_sequential_stale_requests_stay_in_batch_marked_stale():
 def test_capacity_exhaustion_sheds():
     s = make(n_slots=64, max_batch=64, sequential=True, capacity=16, max_pending_per_instrument=64)
     results = [s.push(i % 64, 0, i, 0, 1, 1, 0) for i in range(20)]
-    assert results.count(NO_REQUEST) == 4 and s.shed_full == 4
+    assert results.count(NO_REQUEST) == 4 and s.live_requests() == 16
 
 
 def test_window_policy_waits_for_a_fuller_batch_or_the_deadline():
@@ -180,14 +180,29 @@ def test_adaptive_policy_shrinks_the_wait_when_over_objective_and_grows_under_it
     a = s.adaptive
     a.wait_ns = 160 * US
     now = 0
-    for i in range(64):  # way over the objective
-        now += 10 * US
-        a.observe_batch(500 * US, i * 10, now)
+    for i in range(64):  # way over the objective; the loop offers an update every millisecond
+        now += 1000 * US
+        a.observe_batch(500 * US)
+        a.update(i * 10, now)
     assert a.wait_ns < 160 * US // 2
     for i in range(1024):  # way under: the sliding window refills, then the wait climbs back
-        now += 10 * US
-        a.observe_batch(10 * US, 640 + i, now)
+        now += 1000 * US
+        a.observe_batch(10 * US)
+        a.update(640 + i, now)
     assert a.wait_ns == 200 * US
+
+
+def test_adaptive_updates_at_most_every_update_interval():
+    s = make(max_batch=8, policy="adaptive", max_wait_us=200, latency_objective_us=100)
+    a = s.adaptive
+    a.wait_ns = 160 * US
+    a.observe_batch(500 * US)
+    a.update(0, 10**9)
+    assert a.wait_ns == 80 * US
+    a.update(0, 10**9 + a.UPDATE_NS - 1)  # too soon: no second halving
+    assert a.wait_ns == 80 * US
+    a.update(0, 10**9 + a.UPDATE_NS)
+    assert a.wait_ns == 40 * US
 
 
 @pytest.mark.parametrize("policy", ["greedy", "window", "adaptive"])

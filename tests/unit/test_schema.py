@@ -1,4 +1,5 @@
-"""Wire schema round trips and every bad-input path mapping to its reason code."""
+"""Wire schema round trips and every bad-input path mapping to its reason code, through the
+service's real ingest (tests/ingest_rig.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import math
 import msgspec
 import numpy as np
 import pytest
+from ingest_rig import IngestRig
 
 from hft_infer.transport.codec import (
     EgressDecoder,
     IngressDecoder,
     ReusableEncoder,
     book_array,
-    classify,
     encode,
     instrument_of_topic,
     pack_book,
@@ -21,13 +22,17 @@ from hft_infer.transport.codec import (
 )
 from hft_infer.transport.schema import Decision, Heartbeat, Quote, Reason, Status, Trade
 
-UNIVERSE = {i: i for i in range(16)}
 MAX_LEVELS = 10
 
 
 def _check(frame, max_frame_bytes=4096):
-    return classify(IngressDecoder().decode, frame, max_frame_bytes=max_frame_bytes,
-                    max_levels=MAX_LEVELS, universe=UNIVERSE)
+    """(the decoded message if the ingest accepted it, else None; the reason)."""
+    rig = IngestRig(instruments=16, levels=MAX_LEVELS, max_levels=MAX_LEVELS, max_frame_bytes=max_frame_bytes)
+    try:
+        v = rig.classify([frame])
+    finally:
+        rig.close()
+    return (IngressDecoder().decode(frame) if v.reason == Reason.NONE else None), v.reason
 
 
 def _levels(n, seed=0):
@@ -148,9 +153,11 @@ def test_heartbeat_is_not_an_event():
     assert isinstance(msg, Heartbeat) and reason == Reason.NONE
 
 
-def test_decision_is_not_decodable_on_the_feed():
+def test_a_decision_on_the_feed_is_an_unexpected_kind():
     d = Decision(1, 2, 0, 0, 1, 0.5, 0, 1, 2, 3, "m")
-    assert _check(encode(d))[1] == Reason.DECODE_ERROR
+    assert _check(encode(d))[1] == Reason.UNEXPECTED_KIND
+    s = Status(1, 10, 5, 1, 2, 2, 0, 0, 0, [0, 1, 1])
+    assert _check(encode(s))[1] == Reason.UNEXPECTED_KIND
 
 
 def test_egress_round_trip_with_reusable_encoder():
