@@ -35,6 +35,17 @@ assert [name for name, _ in DECISION_BATCH_COLUMNS] == ["instrument", "seq", "st
                                                         "n_conflated", "ts_send_ns", "ts_recv_ns"]
 
 
+def _layout(n: int) -> tuple[struct.Struct, list[tuple[int, int]]]:
+    """One struct for all nine columns of n answers, and each column's byte range in it."""
+    st = struct.Struct("<" + "".join(f"{n}{code}" for code in _COLUMN_CODES))
+    bounds, at = [], 0
+    for code in _COLUMN_CODES:
+        size = struct.calcsize(f"<{n}{code}")
+        bounds.append((at, at + size))
+        at += size
+    return st, bounds
+
+
 class Answers:
     """Answers waiting for the next flush, one list per DecisionBatch column."""
 
@@ -80,7 +91,7 @@ class Egress:
         self.model_version = model_version
         self._topics = {i: topic_for(i) for i in instrument_ids}
         self._encoder = ReusableEncoder()
-        self._structs: dict[tuple[str, int], struct.Struct] = {}
+        self._layouts: dict[int, tuple[struct.Struct, list[tuple[int, int]]]] = {}
         self.answers = Answers()
         self.sent = 0  # frames sent
         self.dropped = 0  # frames not sent (a subscriber's pipe was full)
@@ -101,20 +112,22 @@ class Egress:
         return n
 
     def batch_frame(self, ts_decision_ns: int) -> DecisionBatch:
-        """The pending answers as one DecisionBatch (does not clear them)."""
-        cols = list(self.answers.columns())
+        """The pending answers as one DecisionBatch (does not clear them). Every column is packed
+        by ONE cached struct call for the batch size; the columns are memoryview slices of it."""
+        cols = self.answers.columns()
         n = len(cols[0])
         nconf = cols[6]
         if nconf and max(nconf) > _U32_MAX:  # cold: four billion conflations
-            cols[6] = [min(x, _U32_MAX) for x in nconf]
-        packed = []
-        structs = self._structs
-        for code, values in zip(_COLUMN_CODES, cols):
-            st = structs.get((code, n))
-            if st is None:
-                st = structs[(code, n)] = struct.Struct(f"<{n}{code}")
-            packed.append(st.pack(*values))
-        return DecisionBatch(ts_decision_ns, self.model_version, n, *packed)
+            cols = (*cols[:6], [min(x, _U32_MAX) for x in nconf], *cols[7:])
+        layout = self._layouts.get(n)
+        if layout is None:
+            layout = self._layouts[n] = _layout(n)
+        st, bounds = layout
+        values = []
+        for col in cols:
+            values += col
+        mv = memoryview(st.pack(*values))
+        return DecisionBatch(ts_decision_ns, self.model_version, n, *(mv[a:b] for a, b in bounds))
 
     def _send_each(self, ts_decision_ns: int) -> None:
         a = self.answers

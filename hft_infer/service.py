@@ -35,7 +35,6 @@ import signal
 import sys
 from operator import itemgetter
 
-import numpy as np
 import zmq
 import zmq.utils.monitor
 
@@ -288,13 +287,11 @@ class Service:
         self.acct.decided += len(fresh)
         self._service_recv.extend(fresh)
         bufs = self.bufs
-        bufs["step"].add(t - b.t_submit)
+        bufs["step"].values.append(t - b.t_submit)
         if fresh:
-            bufs["queue"].add_many(b.t_submit - _arr(fresh))
-            ts = _arr(sent)
-            known = ts > 0
-            if known.any():
-                bufs["wire"].add_many(_arr(fresh)[known] + offset - ts[known])
+            t_sub = b.t_submit
+            bufs["queue"].values.extend([t_sub - r for r in fresh])
+            bufs["wire"].values.extend([r + offset - sd for r, sd in zip(fresh, sent) if sd])
             if sched.adaptive is not None:
                 sched.adaptive.observe_batch(t - min(fresh))
         release = sched.release
@@ -323,7 +320,7 @@ class Service:
         self.egress.flush(t + self.clock.offset_ns)
         t_sent = perf_ns()
         if self._service_recv:
-            self.bufs["service"].add_many(t_sent - _arr(self._service_recv))
+            self.bufs["service"].values.extend([t_sent - r for r in self._service_recv])
             self._service_recv.clear()
         if self._t_collect:
             self.bufs["publish"].add(t_sent - self._t_collect)
@@ -541,9 +538,11 @@ class Service:
                 last_yield = perf_ns()
         while self._inflight:
             self._complete(wait=True)
-        if self.sched.queued_slots:  # out of time, or forced: shed the rest, never leave them unaccounted
-            self.log(f"drain {'forced' if self._force else 'timed out'}: shedding {self.sched.pending} "
-                     "queued requests")
+        if self._force:
+            self.log(f"drain forced by a third signal: shedding {self.sched.pending} queued requests")
+        elif self.sched.queued_slots:
+            self.log(f"drain timed out: shedding {self.sched.pending} queued requests")
+        if self.sched.queued_slots:  # never leave them unaccounted
             self._shed_all_queued()
         self._flush()
         now = perf_ns()
@@ -596,10 +595,6 @@ class Service:
             "counters": counters,
             "rejected_by_reason": self.acct.reasons(),
         }
-
-
-def _arr(values) -> np.ndarray:
-    return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
 def _rss_bytes() -> int:

@@ -59,7 +59,7 @@ class ServiceUnderTest:
     def endpoint(self, which: str) -> str:
         return f"ipc://{self.runtime}/{self.name}-{which}.sock"
 
-    def start(self, n_topics: int = 64, timeout_s: float = 120.0, *, publisher: zmq.Socket | None = None,
+    def start(self, n_topics: int = 65, timeout_s: float = 120.0, *, publisher: zmq.Socket | None = None,
               feed: bool = True) -> "ServiceUnderTest":
         """Start the service; `publisher`: an XPUB of another harness to share (shards);
         `feed=False`: no publisher of ours (another process binds the feed, e.g. replay),

@@ -1,31 +1,34 @@
 #!/usr/bin/env python3
-"""Where the microseconds go: cost per event of each hot-loop phase, in one process.
+"""Where the microseconds go in the hot loop: per-event ingest and per-decision publish, through
+the code the service runs (hft_infer.service.Service on real ipc sockets), plus their parts.
 
-    python tools/bench_hotpath.py [--n 100000]
+    python tools/bench_hotpath.py [--n 50000] [--json out.json]
 
-Each phase is the real code the service runs (no copies of it), timed over
---n events, median of 5 repetitions, in ns per event:
+Rows (median of --reps repetitions):
 
-  recv        ZeroMQ ipc recv of a topic + 170-byte quote (queue pre-filled)
-  ready-check EVENTS getsockopt vs poll(0) vs recv(NOBLOCK)+Again on an empty socket
-  decode      msgspec decode of the quote (typed Decoder, memoryview book)
-  validate    validate_quote (levels, finite/non-negative via the high-byte check)
-  write       FeatureStore.write_quote (memoryview copy into the ring)
-  push        Scheduler.push (conflating) ; push+pick: push then form_batch of 1
-  record      SampleBuffer.add (one stage sample)
-  on_frame    Service._on_frame: decode + validate + write + push + 2 samples, all in
-  publish     DecisionPublisher.send_decision (encode_into + 2-frame NOBLOCK send, no subscriber)
-  step        EagerEngine.step for batch 1 / 8 / 64 of the default model (per batch, µs)
-  yield       `await asyncio.sleep(0)` under uvloop (what a busy loop pays to let timers run)
-  gc          a gc.collect(0) with the heap frozen vs not (the pause the loop avoids)
+  ingest, burst        Service._ingest over a socket pre-filled with --n quotes (64 instruments):
+                       recv topic + payload, RCVMORE check, decode, inlined checks, sequence,
+                       feature row, scheduler push; conflating (default model) and sequential
+  ... parts            recv pair, + RCVMORE, decode, the big-int book check, write_quote, push
+  publish              Service._complete + _flush per decision, for a finished step of 1 / 8 / 64
+                       requests, egress.mode batch (one DecisionBatch) and per_instrument
+  idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
+  fold                 StageHistograms.fold_some of one chunk (4096 samples), per chunk
+
+Targets (issue "Hot path v2", H200 host): ingest <= 1.5 µs/event in bursts, publish <= 0.5
+µs/decision in batch mode. On the dev VM the absolute figures are the VM's; compare rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
+import json
+import os
+import platform
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -33,218 +36,248 @@ import numpy as np
 import zmq
 
 from hft_infer.config import load_config
-from hft_infer.metrics import SampleBuffer
-from hft_infer.transport.codec import IngressDecoder, encode, pack_book, topic_for, validate_quote
+from hft_infer.metrics import StageHistograms
+from hft_infer.service import Service
+from hft_infer.transport.codec import IngressDecoder, _high_byte_masks, encode, pack_book, topic_for
 from hft_infer.transport.schema import Quote
 
+N_INST = 64
 
-def timed(fn, n: int, reps: int = 5) -> float:
+
+def quotes(n: int, levels: int = 10) -> list[tuple[bytes, bytes]]:
+    rng = np.random.default_rng(0)
+    lv = (rng.random((16, levels, 4)) * 10 + 100).astype(np.float32)
+    return [(topic_for(i % N_INST), encode(Quote(i % N_INST, i // N_INST, 0, 0, levels, pack_book(lv[i % 16]))))
+            for i in range(n)]
+
+
+class Rig:
+    """A Service on a private runtime dir, its feed bound here (the service connects)."""
+
+    def __init__(self, overrides: list[str]) -> None:
+        self.runtime = tempfile.mkdtemp(prefix="hft-hp-", dir="/tmp")
+        os.environ["HFT_INFER_RUNTIME_DIR"] = self.runtime
+        self.cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
+                                      f"universe.instruments={N_INST}", "ingest.rcv_hwm=0", *overrides])
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.bind(f"ipc://{self.runtime}/hft-infer-md.sock")
+        self.svc = Service(self.cfg)
+        self.svc.open_sockets(self.ctx)
+        self.svc.warm_up()
+        subs = 0
+        while subs < N_INST + 1 and self.pub.poll(5000):
+            subs += self.pub.recv()[:1] == b"\x01"
+
+    def fill(self, frames) -> None:
+        send = self.pub.send
+        more = int(zmq.SNDMORE)
+        for t, p in frames:
+            send(t, more)
+            send(p)
+        sock = self.svc.ingest_sock
+        while not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            time.sleep(0.001)
+        time.sleep(0.2)  # let libzmq's I/O thread move everything into the socket's queue
+
+    def reset(self) -> None:
+        svc = self.svc
+        while svc._inflight:
+            svc._complete(wait=True)
+        while svc.sched.queued_slots:
+            svc._submit(force=True)
+            while svc._inflight:
+                svc._complete(wait=True)
+        svc.egress.answers.clear()
+        svc.store.reset_slots(range(svc.n_slots))
+        svc.ingest.last_seq[:] = [-1] * svc.n_slots
+
+    def close(self) -> None:
+        self.svc.close()
+        self.pub.close(0)
+        self.ctx.term()
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def ingest_ns_per_event(rig: Rig, frames, reps: int) -> float:
     out = []
     for _ in range(reps):
+        rig.reset()
+        rig.fill(frames)
+        svc = rig.svc
+        n = 0
         t0 = time.perf_counter_ns()
-        fn(n)
-        out.append((time.perf_counter_ns() - t0) / n)
+        while n < len(frames):
+            n += svc._ingest()
+        out.append((time.perf_counter_ns() - t0) / len(frames))
+        rig.reset()
     return statistics.median(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=100_000)
-    args = ap.parse_args()
-    n = args.n
-    rows: list[tuple[str, float, str]] = []
+def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
+    svc = rig.svc
+    frames = quotes(batch)
+    out = []
+    for _ in range(reps * 20):
+        rig.reset()
+        rig.fill(frames) if _ == 0 else None
+        for k in range(len(frames)):  # queue `batch` requests without the socket
+            svc.sched.push(k % N_INST, 0, k // N_INST, 0, time.perf_counter_ns(), time.perf_counter_ns(), 0)
+        svc.cfg  # noqa: B018
+        while svc.sched.queued_slots:
+            n = svc.sched.form_batch(time.perf_counter_ns(), force=True)
+            rids = svc.sched.batch_rids[:n]
+            slots, positions = svc.engine.request()
+            slots[:n] = [svc.sched.r_slot[r] for r in rids]
+            positions[:n] = 0
+            svc.engine.submit(n)
+            from hft_infer.service import _Batch
 
-    lv = (np.random.default_rng(0).random((10, 4)) * 100 + 1).astype(np.float32)
-    frame = encode(Quote(5, 1, 2, 3, 10, pack_book(lv)))
+            svc._inflight.append(_Batch(rids, time.perf_counter_ns(), 0))
+            t0 = time.perf_counter_ns()
+            svc._complete()
+            svc._flush()
+            out.append((time.perf_counter_ns() - t0) / n)
+    return statistics.median(out)
+
+
+def parts(frames, reps: int) -> list[tuple[str, float]]:
+    """The pieces of one event's ingest, each on its own (ns per event)."""
     decode = IngressDecoder().decode
-    q = decode(frame)
+    payloads = [p for _, p in frames]
+    msgs = [decode(p) for p in payloads]
+    m80, m7f, m01 = _high_byte_masks(10)
+    fb = int.from_bytes
 
-    # --- receive and readiness checks over ipc
+    def t(fn):
+        r = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            r.append((time.perf_counter_ns() - t0) / len(frames))
+        return statistics.median(r)
+
+    def book_check():
+        for m in msgs:
+            x = fb(m.book, "little")
+            if x & m80 or ((x & m7f) + m01) & m80:
+                raise AssertionError
+
+    return [("decode (msgspec, typed)", t(lambda: [decode(p) for p in payloads])),
+            ("book check (big-int high bytes)", t(book_check)),
+            ("6 field reads", t(lambda: [(m.instrument, m.seq, m.ts_send_ns, m.priority, m.n_levels, m.book)
+                                         for m in msgs]))]
+
+
+def recv_parts(n: int, reps: int) -> list[tuple[str, float]]:
     ctx = zmq.Context()
     d = tempfile.mkdtemp(prefix="hft-hp-", dir="/tmp")
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, 0)
-    pull.bind(f"ipc://{d}/a.sock")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)
-    push.connect(f"ipc://{d}/a.sock")
-    topic = topic_for(5)
-
-    def fill(k):
-        for _ in range(k):
-            push.send(topic, zmq.SNDMORE)
-            push.send(frame)
-        while not pull.poll(1000):
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    pub.bind(f"ipc://{d}/r.sock")
+    sub.connect(f"ipc://{d}/r.sock")
+    time.sleep(0.3)
+    frames = quotes(n)
+    NOBLOCK, RCVMORE, EVENTS = int(zmq.NOBLOCK), int(zmq.RCVMORE), int(zmq.EVENTS)
+    rows = []
+    for name, checks in (("recv topic + payload", 0), ("... + one RCVMORE check", 1)):
+        r = []
+        for _ in range(reps):
+            for t_, p in frames:
+                pub.send(t_, zmq.SNDMORE)
+                pub.send(p)
+            time.sleep(0.3)
+            recv, get = sub.recv, sub.get
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                recv(NOBLOCK)
+                recv(NOBLOCK)
+                if checks:
+                    get(RCVMORE)
+            r.append((time.perf_counter_ns() - t0) / n)
+        rows.append((name, statistics.median(r)))
+    get = sub.get
+    t0 = time.perf_counter_ns()
+    for _ in range(20000):
+        get(EVENTS)
+    rows.append(("idle poll: EVENTS check", (time.perf_counter_ns() - t0) / 20000))
+    t0 = time.perf_counter_ns()
+    for _ in range(2000):
+        try:
+            sub.recv(NOBLOCK)
+        except zmq.Again:
             pass
-        time.sleep(0.3)
+    rows.append(("idle poll: recv raising zmq.Again", (time.perf_counter_ns() - t0) / 2000))
+    pub.close(0)
+    sub.close(0)
+    ctx.term()
+    shutil.rmtree(d, ignore_errors=True)
+    return rows
 
-    def recv2(k):
-        r = pull.recv
-        for _ in range(k):
-            r()
-            r()
 
-    per = []
-    for _ in range(3):
-        fill(n)
-        t0 = time.perf_counter_ns()
-        recv2(n)
-        per.append((time.perf_counter_ns() - t0) / n)
-    rows.append(("recv topic+payload", statistics.median(per), "ns/event"))
-
-    EV, PI = zmq.EVENTS, zmq.POLLIN
-    g = pull.getsockopt
-
-    def events_check(k):
-        for _ in range(k):
-            g(EV) & PI
-
-    def poll_check(k):
-        p = pull.poll
-        for _ in range(k):
-            p(0)
-
-    def again_check(k):
-        r = pull.recv
-        for _ in range(k):
-            try:
-                r(zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-
-    m = max(n // 5, 1000)
-    rows.append(("ready-check EVENTS (empty)", timed(events_check, m), "ns/check"))
-    rows.append(("ready-check poll(0) (empty)", timed(poll_check, m), "ns/check"))
-    rows.append(("ready-check recv+Again (empty)", timed(again_check, m), "ns/check"))
-
-    # --- decode / validate / write / push / record
-    rows.append(("decode", timed(lambda k: [decode(frame) for _ in range(k)], n), "ns/event"))
-    rows.append(("validate", timed(lambda k: [validate_quote(q, 64) for _ in range(k)], n), "ns/event"))
-
-    from hft_infer.features import FeatureStore
-    from hft_infer.scheduler import Scheduler
-
-    store = FeatureStore(64, 10, 32)
-    rows.append(("feature write", timed(lambda k: [store.write_quote(i & 63, q.book, 10) for i in range(k)], n),
-                 "ns/event"))
-
-    cfg = load_config(None)
-    table = [[2] * 64, [1] * 64]
-    sched = Scheduler(cfg.scheduler, 64, sequential=False, conflate=True, class_by_slot_kind=table)
-
-    def push_only(k):
-        for i in range(k):
-            sched.push(i & 63, i, i, 2, i, i, 0)
-
-    rows.append(("scheduler push (conflating)", timed(push_only, n), "ns/event"))
-
-    def push_pick(k):
-        for i in range(k):
-            sched.push(i & 63, i, i, 2, i, i, 0)
-            c = sched.form_batch(i + 10)
-            for j in range(c):
-                sched.release(sched.batch_rids[j])
-
-    sched2 = Scheduler(cfg.scheduler.__class__(max_batch=1, classes=4, default_class=2), 64, sequential=False,
-                       conflate=True, class_by_slot_kind=table)
-    sched = sched2
-    rows.append(("scheduler push + pick (batch 1)", timed(push_pick, n), "ns/event"))
-
-    buf = SampleBuffer(1 << 20)
-
-    def rec(k):
-        a = buf.add
-        for i in range(k):
-            a(i)
-        buf.take()
-
-    rows.append(("metrics sample", timed(rec, n), "ns/sample"))
-
-    # --- the whole per-frame path and publishing, through a real Service
-    from hft_infer.service import Service
-
-    svc_cfg = load_config(None, ["service.name=hp", f"ingest.endpoint=\"ipc://{d}/md.sock\"",
-                                 f"egress.endpoint=\"ipc://{d}/dec.sock\"",
-                                 f"metrics.control_endpoint=\"ipc://{d}/ctl.sock\""])
-    svc = Service(svc_cfg)
-    svc.open_sockets()
-    frames = [encode(Quote(i & 63, i >> 6, 0, 0, 10, pack_book(lv))) for i in range(n)]
-    from hft_infer.clock import perf_ns
-
-    def on_frame(k):
-        f = svc._on_frame
-        for i in range(k):
-            f(None, frames[i], perf_ns())
-        while svc.sched.queued_slots:  # keep the queue from filling between repetitions
-            svc._step(force=True)
-
-    # _on_frame includes 2 clock reads; the step it forces afterwards is excluded below
-    t_on = []
-    for _ in range(3):
-        svc.store.reset()
-        t0 = time.perf_counter_ns()
-        f = svc._on_frame
-        for i in range(n):
-            f(None, frames[i], perf_ns())
-        t_on.append((time.perf_counter_ns() - t0) / n)
-        while svc.sched.queued_slots:
-            svc._step(force=True)
-    rows.append(("on_frame (decode..push, 2 samples)", statistics.median(t_on), "ns/event"))
-    pub = svc.publisher
-
-    def publish(k):
-        s = pub.send_decision
-        for i in range(k):
-            s(i & 63, i & 63, i, 0, 0, 1, 0.5, 0, 0, 0, 0)
-
-    rows.append(("publish decision", timed(publish, n), "ns/decision"))
-
-    eng = svc.engine
-    for b in (1, 8, 64):
-        e_slots, e_positions = eng.request()
-        e_slots[:b] = np.arange(b) % 64
-        e_positions[:b] = 40
-
-        def step(k, b=b):
-            for _ in range(k):
-                eng.step(b)
-
-        k = max(200, 20000 // b)
-        rows.append((f"model step batch {b} ({svc.model_version})", timed(step, k) / 1000, "µs/batch"))
-    svc.close()
-
+def misc(reps: int) -> list[tuple[str, float]]:
     async def yields(k):
         for _ in range(k):
             await asyncio.sleep(0)
 
     import uvloop
 
-    t = []
-    for _ in range(3):
+    t0 = time.perf_counter_ns()
+    uvloop.run(yields(20000))
+    rows = [("await asyncio.sleep(0) (uvloop)", (time.perf_counter_ns() - t0) / 20000)]
+    st = StageHistograms(("a",), capacity=65536, highest_ns=60_000_000_000)
+    rng = np.random.default_rng(0)
+    r = []
+    for _ in range(reps):
+        st.buffers["a"].add_many(rng.lognormal(11, 1, 8192).astype(np.int64))
         t0 = time.perf_counter_ns()
-        uvloop.run(yields(n))
-        t.append((time.perf_counter_ns() - t0) / n)
-    rows.append(("await asyncio.sleep(0) (uvloop)", statistics.median(t), "ns/yield"))
+        st.fold_some()
+        r.append(time.perf_counter_ns() - t0)
+    rows.append(("fold one chunk (4096 samples), per chunk", statistics.median(r)))
+    return rows
 
-    # GC: a young collection over a large heap, frozen or not
-    junk = [{"a": [i]} for i in range(300_000)]  # a service-sized heap of long-lived objects
-    gc.collect()
-    t0 = time.perf_counter_ns()
-    gc.collect()
-    full_unfrozen = (time.perf_counter_ns() - t0) / 1e3
-    gc.freeze()
-    t0 = time.perf_counter_ns()
-    gc.collect()
-    full_frozen = (time.perf_counter_ns() - t0) / 1e3
-    gc.unfreeze()
-    del junk
-    rows.append(("gc.collect() full, heap not frozen", full_unfrozen, "µs/pause"))
-    rows.append(("gc.collect() full, heap frozen", full_frozen, "µs/pause"))
 
-    print(f"Hot-loop phase costs (median of repetitions, n={n})")
-    print(f"{'phase':44s} {'cost':>10s}  unit")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", metavar="PATH")
+    a = ap.parse_args()
+    rows: list[tuple[str, float, str]] = []
+    frames = quotes(a.n)
+    for name, overrides in (("conflating (default mlp_small)", []),
+                            ("sequential (conflate off)", ['scheduler.conflate="off"',
+                                                           "scheduler.max_pending_per_instrument=4096",
+                                                           "scheduler.capacity=262144"])):
+        rig = Rig(overrides)
+        try:
+            rows.append((f"ingest, bursts of 256, {name}", ingest_ns_per_event(rig, frames, a.reps), "ns/event"))
+        finally:
+            rig.close()
+    rows += [(f"  part: {n}", v, "ns/event") for n, v in recv_parts(min(a.n, 20000), a.reps)]
+    rows += [(f"  part: {n}", v, "ns/event") for n, v in parts(frames[:20000], a.reps)]
+    for mode in ("batch", "per_instrument"):
+        rig = Rig([f"egress.mode={mode}"])
+        try:
+            for b in (1, 8, 64):
+                rows.append((f"publish, step of {b}, egress {mode}", publish_ns_per_decision(rig, b, a.reps),
+                             "ns/decision"))
+        finally:
+            rig.close()
+    rows += [(n, v, "ns") for n, v in misc(a.reps)]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'phase':{width}s}  {'cost':>10s}  unit")
     for name, v, unit in rows:
-        print(f"{name:44s} {v:10.1f}  {unit}")
+        print(f"{name:{width}s}  {v:10,.0f}  {unit}")
+    if a.json:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(a.json, "w") as f:
+            json.dump({"command": "python tools/bench_hotpath.py", "n": a.n, "machine": platform.node(),
+                       "cpus": os.cpu_count(), "commit": commit, "date": time.strftime("%Y-%m-%d"),
+                       "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]}, f, indent=2)
 
 
 if __name__ == "__main__":

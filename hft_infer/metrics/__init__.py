@@ -139,44 +139,50 @@ def summarize(hist: HdrHistogram) -> dict:
 
 
 class SampleBuffer:
-    """Preallocated raw samples (int64 ns) of one stage between folds."""
+    """Raw samples (integer ns) of one stage between folds.
 
-    __slots__ = ("values", "n", "capacity")
+    A Python list: the hot loop extends it with the samples of a whole batch
+    (`values.extend([...])`, tens of ns per sample and no numpy call per
+    batch, which costs microseconds for a handful of values) and the fold
+    converts a chunk to numpy. `capacity` is the pressure mark, not a hard
+    bound: past half of it the loop folds a chunk per iteration even when busy.
+    """
+
+    __slots__ = ("values", "capacity")
 
     def __init__(self, capacity: int) -> None:
-        self.values = np.zeros(capacity, dtype=np.int64)
-        self.n = 0
+        self.values: list[int] = []
         self.capacity = capacity
 
-    def add(self, value_ns: int) -> None:
-        n = self.n
-        if n < self.capacity:
-            self.values[n] = value_ns
-            self.n = n + 1
+    @property
+    def n(self) -> int:
+        return len(self.values)
 
-    def add_many(self, values_ns: np.ndarray) -> None:
-        n = self.n
-        k = min(values_ns.size, self.capacity - n)
-        if k > 0:
-            self.values[n:n + k] = values_ns[:k]
-            self.n = n + k
+    def add(self, value_ns: int) -> None:
+        self.values.append(value_ns)
+
+    def add_many(self, values_ns) -> None:
+        self.values.extend(values_ns.tolist() if isinstance(values_ns, np.ndarray) else values_ns)
 
     @property
     def full(self) -> bool:
-        return self.n >= self.capacity
+        return len(self.values) >= self.capacity
 
     def take(self) -> np.ndarray:
-        """The samples so far (a view, valid until the next add) and reset."""
-        n, self.n = self.n, 0
-        return self.values[:n]
+        """All samples so far as int64, and reset."""
+        out = np.array(self.values, dtype=np.int64)
+        self.values.clear()
+        return out
 
     def take_last(self, k: int) -> np.ndarray:
-        """Remove the newest min(k, n) samples and return them (a view, valid until the next
-        add): a histogram does not care about order, and this moves nothing."""
-        n = self.n
-        m = n - min(k, n)
-        self.n = m
-        return self.values[m:n]
+        """Remove the newest min(k, n) samples and return them as int64 (a histogram does not
+        care about their order)."""
+        v = self.values
+        if k >= len(v):
+            return self.take()
+        out = np.array(v[-k:], dtype=np.int64)
+        del v[-k:]
+        return out
 
 
 class StageHistograms:

@@ -25,8 +25,8 @@ def test_two_shards_split_one_feed_and_decide_each_instrument_once():
     shard1 = ServiceUnderTest(TEST_MODEL + ["universe.instruments=16", f"ingest.endpoint=\"{shard0.endpoint('md')}\""],
                               name="s1", extra_args=["--shard", "1/2"])
     try:
-        shard0.start(n_topics=8)
-        shard1.start(n_topics=8, publisher=shard0.pub)
+        shard0.start(n_topics=9)  # its 8 instruments and the service topic
+        shard1.start(n_topics=8, publisher=shard0.pub)  # the XPUB forwards the service topic once
         frames = [(topic_for(inst), quote(inst, seq)) for seq in range(20) for inst in range(16)]
         shard0.send(frames, gap_s=0.0005)
         final0, final1 = shard0.stop(), shard1.stop()
@@ -54,10 +54,10 @@ def test_publisher_restart_mid_stream_is_detected_and_service_recovers():
         svc.pub = svc.ctx.socket(zmq.XPUB)
         svc.pub.bind(svc.endpoint("md"))
         subs = 0
-        while subs < 64 and svc.pub.poll(5000):  # the service reconnects and resubscribes by itself
+        while subs < 65 and svc.pub.poll(5000):  # the service reconnects and resubscribes by itself
             if svc.pub.recv()[:1] == b"\x01":
                 subs += 1
-        assert subs == 64, "service did not resubscribe after the publisher restart"
+        assert subs == 65, "service did not resubscribe after the publisher restart"
         svc.send_quotes([(i % 4, i // 4) for i in range(40)], gap_s=0.0005)
         final = svc.stop()
         resets = svc.summary()["counters"]["seq_resets"]
