@@ -53,6 +53,7 @@ from hft_infer.kernels.common import (
     _decide_store,
     _features,
     _grid_barrier,
+    _ld_l2,
     _mm,
     dot_flags,
     interpreting,
@@ -95,17 +96,6 @@ def _row_offsets(b, bmask, slots_ptr, pos_ptr, F: tl.constexpr, RH, ROWS_RING: t
         return (slot * RH + ((p % RH) + RH) % RH) * F
     else:
         return b.to(tl.int64) * F
-
-
-@triton.jit
-def _ld_l2(ptrs, mask, VOL: tl.constexpr):
-    """Load data another program wrote in this launch: .cg (L2; L1 is not coherent between SMs),
-    or volatile in a persistent kernel (PTX allows no .cg on a volatile load)."""
-    if VOL:
-        v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-    else:
-        v = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    return v
 
 
 @triton.jit
