@@ -422,7 +422,7 @@ class PersistentKernel:
 def _floor_kernel(req_ptr, ctrl_ptr, out_ptr, time_ptr, REQ_W: tl.constexpr, NREQ: tl.constexpr,
                   MAX_B: tl.constexpr, OUT_C: tl.constexpr, TIMING: tl.constexpr, TSLOTS: tl.constexpr):
     """Flag in, flag out, through the same polling code as the model kernels: answers each
-    request with out[k, 0, 0] = seq (as float), out[k, 0, 1] = slot0."""
+    request with out[k, 0, 0:3] = seq, slot0, pos0 (as floats)."""
     r = tl.load(ctrl_ptr + _CTRL_DONE, volatile=True) * 0  # int64 zero (the host cleared the ring)
     running = 1
     while running == 1:
@@ -432,6 +432,7 @@ def _floor_kernel(req_ptr, ctrl_ptr, out_ptr, time_ptr, REQ_W: tl.constexpr, NRE
             o = out_ptr + (r % NREQ) * (MAX_B * OUT_C)
             tl.store(o, (r + 1).to(tl.float32))
             tl.store(o + 1, slot0.to(tl.float32))
+            tl.store(o + 2, pos0.to(tl.float32))
             _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
             _release_done(ctrl_ptr, r + 1)
             r += 1
