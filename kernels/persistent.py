@@ -337,7 +337,7 @@ class PersistentKernel:
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         self.timing = bool(timing) and not interpreting()
         # device stamps per request: [detect, done] of request s at (s - 1) % TIME_SLOTS
-        self.time_slots = 4096
+        self.time_slots = 16384
         self.times = torch.zeros(2 * self.time_slots, dtype=torch.int64, device=self.device)
         self.running = False
         self._done_event = None
