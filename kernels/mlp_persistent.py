@@ -13,8 +13,9 @@ shared with the launched kernel):
 
 No device ring and no recurrent state: the model only keeps the decision policy's held
 positions (`held`), so a RESET request only zeroes held[slots] and the scheduler may
-conflate an instrument's triggers. The lead publishes request r+2 only after it has read
-request r+1's partials, so one partial buffer serves every request. Weights: plain loads,
+conflate an instrument's triggers. Every program arrives at the counter for every request
+(resets too), and the lead publishes request r+2 only after the count says all of them are
+done with r+1 and it has read r+1's partials: one mailbox and one partial buffer serve all. Weights: plain loads,
 resident in each program's L1 after the first request (see lstm_persistent.py); the
 grid is (H1P / block_n) x ksplit programs (mlp_small: 4 x 11 = 44 SMs), all resident.
 """
@@ -64,7 +65,6 @@ def _mlp_persistent_kernel(
     lead = pid == 0
     cnt_ptr = sync_ptr + 2 * _LINE
     r = tl.load(sync_ptr, volatile=True) * 0  # int64 zero: requests served
-    nstep = r
     running = 1
     while running == 1:
         if lead:
@@ -80,25 +80,25 @@ def _mlp_persistent_kernel(
                 _mlp_partial(pid, bt, ring_h_ptr, ring_h_ptr, dslots_ptr, dpos_ptr, n, R, mean_ptr, istd_ptr,
                              w1_ptr, part_ptr, F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, False, True,
                              PREC, BF16, UPCAST)
+        if (kind == _STEP) | (kind == _RESET):
+            # every program arrives for every request, resets included: the lead publishes the
+            # next request only once all of them have read this one's mailbox
             _arrive(cnt_ptr)
             if lead:
-                _wait_count(cnt_ptr, nprog * (nstep + 1))
-                o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
-                for bt in range(0, tl.cdiv(n, BLOCK_B)):
-                    _mlp_finish(bt, dslots_ptr, n, part_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, thr_ptr,
-                                held_ptr, o, H1P, H2P, HLP, NUM_HIDDEN, KSPLIT, BLOCK_B, BK1, True,
-                                PREC, BF16, UPCAST, OUT_C)
-                _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
-                _release_done(ctrl_ptr, r + 1)
-            nstep += 1
-        if kind == _RESET:
-            if lead:  # the only state: the held positions
-                hb = tl.arange(0, 16)
-                for b0 in range(0, n, 16):
-                    bb = b0 + hb
-                    hs = tl.load(dslots_ptr + bb, mask=bb < n, other=0, volatile=True)
-                    tl.store(held_ptr + hs, tl.zeros([16], dtype=tl.int32).to(held_ptr.dtype.element_ty),
-                             mask=bb < n)
+                _wait_count(cnt_ptr, nprog * (r + 1))
+                if kind == _STEP:
+                    o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
+                    for bt in range(0, tl.cdiv(n, BLOCK_B)):
+                        _mlp_finish(bt, dslots_ptr, n, part_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, thr_ptr,
+                                    held_ptr, o, H1P, H2P, HLP, NUM_HIDDEN, KSPLIT, BLOCK_B, BK1, True,
+                                    PREC, BF16, UPCAST, OUT_C)
+                else:  # the only state: the held positions
+                    hb = tl.arange(0, 16)
+                    for b0 in range(0, n, 16):
+                        bb = b0 + hb
+                        hs = tl.load(dslots_ptr + bb, mask=bb < n, other=0, volatile=True)
+                        tl.store(held_ptr + hs, tl.zeros([16], dtype=tl.int32).to(held_ptr.dtype.element_ty),
+                                 mask=bb < n)
                 _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)
         if (kind == _STEP) | (kind == _RESET):

@@ -359,13 +359,16 @@ class PersistentKernel:
             raise RuntimeError("kernel already running")
         if not interpreting():
             self.ring.clear()
-        self.sync.zero_()
         self.running = True
         if self.stream is None:
+            self.sync.zero_()
             self._launch()
             self.running = False
             return
+        # weights, state and workspace were written on the caller's stream: order the launch after them
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
+            self.sync.zero_()
             self._launch()
             self._done_event = torch.cuda.Event()
             self._done_event.record(self.stream)
@@ -390,10 +393,12 @@ class PersistentKernel:
         self.ring.clear()
         self.ring.raise_stop()
         if self.stream is None:
+            self.sync.zero_()
             self._launch()
         else:
-            self.sync.zero_()
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
+                self.sync.zero_()
                 self._launch()
             self.stream.synchronize()
         self.ring.clear()
