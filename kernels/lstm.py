@@ -1,4 +1,7 @@
-"""Stacked-LSTM step kernel shared by window mode (`lstm_window`) and stream mode
+"""(~470 lines: the phase helpers here are shared by the launched and the persistent
+kernels; splitting them from the packing would only add an import cycle's worth of glue.)
+
+Stacked-LSTM step kernel shared by window mode (`lstm_window`) and stream mode
 (`lstm_stream`): parameters, weight packing, workspace, the kernel.
 
 Math: torch.nn.LSTM (gate order i, f, g, o; gates = W_ih x + b_ih + W_hh h + b_hh;

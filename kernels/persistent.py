@@ -1,4 +1,7 @@
-"""Host side shared by every persistent model kernel: the request ring in pinned memory,
+"""(~460 lines: the ring's host API, its device half and the floor kernel are one protocol,
+kept in one file so that the word layout is defined once.)
+
+Host side shared by every persistent model kernel: the request ring in pinned memory,
 the kernel's life cycle (start / stop / precompile / reset), the device-side polling and
 synchronisation helpers, and the trivial floor kernel (flag in, flag out).
 
