@@ -7,7 +7,8 @@ plain-torch reference (docs/notes/kernels.md).
     lstm         the stacked-LSTM kernel, weight packing, workspace
     lstm_window  exact incremental window mode (one launch per step)
     lstm_stream  one recurrent step per event
-    engine       persistent kernel driven by flags in pinned host memory
+    persistent   request ring in pinned memory, persistent life cycle, floor kernel
+    lstm_persistent, mlp_persistent   persistent kernels behind the ring
 
 Kept light: importing the package imports neither triton nor torch; import the
 submodules (after setting TRITON_INTERPRET, for the CPU interpreter).

@@ -158,6 +158,17 @@ def _grid_barrier(sync_ptr, ncta):
 
 
 @triton.jit
+def _ld_l2(ptrs, mask, VOL: tl.constexpr):
+    """Load data another program wrote in this launch: .cg (L2; L1 is not coherent between SMs),
+    or volatile in a persistent kernel (PTX allows no .cg on a volatile load)."""
+    if VOL:
+        v = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    return v
+
+
+@triton.jit
 def _decide_store(l0, l1, l2, b, bmask, slots, thr_ptr, held_ptr, out_ptr, OUT_C: tl.constexpr):
     """Logits (down, flat, up) of batch rows b -> score, action; updates held[slot]."""
     m = tl.maximum(tl.maximum(l0, l1), l2)

@@ -1,4 +1,7 @@
-"""Stacked-LSTM step kernel shared by window mode (`lstm_window`) and stream mode
+"""(~470 lines: the phase helpers here are shared by the launched and the persistent
+kernels; splitting them from the packing would only add an import cycle's worth of glue.)
+
+Stacked-LSTM step kernel shared by window mode (`lstm_window`) and stream mode
 (`lstm_stream`): parameters, weight packing, workspace, the kernel.
 
 Math: torch.nn.LSTM (gate order i, f, g, o; gates = W_ih x + b_ih + W_hh h + b_hh;
@@ -53,6 +56,7 @@ from hft_infer.kernels.common import (
     _decide_store,
     _features,
     _grid_barrier,
+    _ld_l2,
     _mm,
     dot_flags,
     interpreting,
@@ -65,23 +69,36 @@ from hft_infer.kernels.common import (
 
 @triton.jit
 def _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-               BLOCK_M: tl.constexpr):
+               BLOCK_M: tl.constexpr, VOL: tl.constexpr):
     """Rows r = b*W + w of a tile (b: batch entry, w: open-window index; W = 1 in stream
     mode) -> (r, b, state row of layer 0, valid, keep). keep is False at the window
-    emitted this step (it restarts at zero)."""
+    emitted this step (it restarts at zero). VOL: volatile loads of data another program
+    wrote during this launch (the persistent kernels)."""
     r = tile * BLOCK_M + m
     rmask = r < n_rows * W
     b = r // W
     w = r - b * W
-    slot = tl.load(slots_ptr + b, mask=rmask, other=0).to(tl.int64)
+    slot = tl.load(slots_ptr + b, mask=rmask, other=0, volatile=VOL).to(tl.int64)
     srow0 = slot * (L * W) + w
     if WINDOW:
-        t = tl.load(pos_ptr + b, mask=rmask, other=0).to(tl.int64)
+        t = tl.load(pos_ptr + b, mask=rmask, other=0, volatile=VOL).to(tl.int64)
         e = (((t + 1) % W) + W) % W
         keep = rmask & (w != e)
     else:
         keep = rmask
     return r, b, srow0, rmask, keep
+
+
+@triton.jit
+def _row_offsets(b, bmask, slots_ptr, pos_ptr, F: tl.constexpr, RH, ROWS_RING: tl.constexpr, VOL: tl.constexpr):
+    """Element offset of batch entry b's new raw row: b*F in a staged [n, F] batch, or
+    (slot*RH + position mod RH)*F in a host feature ring [n_slots, RH, F] (ROWS_RING)."""
+    if ROWS_RING:
+        slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        p = tl.load(pos_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        return (slot * RH + ((p % RH) + RH) % RH) * F
+    else:
+        return b.to(tl.int64) * F
 
 
 @triton.jit
@@ -94,12 +111,15 @@ def _split_gates(acc, BLOCK_M: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
-def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                 wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                 F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
                 KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr,
-                BLOCK_M: tl.constexpr, WINDOW: tl.constexpr,
+                BLOCK_M: tl.constexpr, WINDOW: tl.constexpr, ROWS_RING: tl.constexpr, VOL: tl.constexpr,
                 PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """Layer `layer` of this program's units for its row tiles: gates, cell, c in place, new h
+    to scratch [L, n*W, H]. Weights are read with plain loads (they stay in this SM's L1 in a
+    persistent kernel); state, scratch and rows with volatile loads when VOL."""
     G4: tl.constexpr = 4 * BH
     XB: tl.constexpr = 16
     m = tl.arange(0, BLOCK_M)
@@ -122,17 +142,17 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, slots_ptr, p
         for b0 in range(0, n_rows, XB):
             b = b0 + xb
             bmask = b < n_rows
-            rp = rows_ptr + b * F
-            raw = tl.load(rp[:, None] + f[None, :], mask=bmask[:, None] & fmask[None, :], other=0.0)
-            bid0 = tl.load(rp, mask=bmask, other=0.0)
-            ask0 = tl.load(rp + 2, mask=bmask, other=0.0)
+            rp = rows_ptr + _row_offsets(b, bmask, slots_ptr, pos_ptr, F, RH, ROWS_RING, VOL)
+            raw = tl.load(rp[:, None] + f[None, :], mask=bmask[:, None] & fmask[None, :], other=0.0, volatile=VOL)
+            bid0 = tl.load(rp, mask=bmask, other=0.0, volatile=VOL)
+            ask0 = tl.load(rp + 2, mask=bmask, other=0.0, volatile=VOL)
             x = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :],
                           bmask[:, None] & fmask[None, :])
             xp = _mm(x, wx, tl.zeros([XB, G4], dtype=tl.float32), PREC, BF16, UPCAST)
             tl.store(xp_base + b[:, None] * G4 + g4[None, :], xp, mask=bmask[:, None])
         tl.debug_barrier()  # the gathers below read what other threads of this program stored
     for tile in range(ms, tl.cdiv(n_r, BLOCK_M), n_ms):
-        r, b, srow0, rmask, keep = _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L, W, WINDOW, BLOCK_M)
+        r, b, srow0, rmask, keep = _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L, W, WINDOW, BLOCK_M, VOL)
         srow = srow0 + layer * W
         if layer == 0:
             acc = tl.load(xp_base + b[:, None] * G4 + g4[None, :], mask=rmask[:, None], other=0.0)
@@ -140,23 +160,24 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, slots_ptr, p
             # Input: the layer below's new h of the same rows, written by every program (.cg: L2).
             acc = tl.zeros([BLOCK_M, G4], dtype=tl.float32)
             prow = ((layer - 1) * n_r + r).to(tl.int64)
+            # unrolled: the chunks' loads do not wait for each other (no pipelining of volatile loads)
             for k0 in range(0, KH, BLOCK_K):
                 kidx = k0 + kk
-                a = tl.load(scratch_ptr + prow[:, None] * H + kidx[None, :],
-                            mask=rmask[:, None] & (kidx < H)[None, :], other=0.0, cache_modifier=".cg")
+                a = _ld_l2(scratch_ptr + prow[:, None] * H + kidx[None, :],
+                           rmask[:, None] & (kidx < H)[None, :], VOL)
                 wt = tl.load(wx_ptr + (((layer - 1) * NB + j) * KH + kidx[:, None]) * G4 + g4[None, :])
                 acc = _mm(a, wt, acc, PREC, BF16, UPCAST)
         for k0 in range(0, KH, BLOCK_K):
             kidx = k0 + kk
             a = tl.load(h_ptr + srow[:, None] * H + kidx[None, :], mask=rmask[:, None] & (kidx < H)[None, :],
-                        other=0.0)
+                        other=0.0, volatile=VOL)
             wt = tl.load(wh_ptr + ((layer * NB + j) * KH + kidx[:, None]) * G4 + g4[None, :])
             acc = _mm(a, wt, acc, PREC, BF16, UPCAST)
         acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
         gi, gf, gg, go = _split_gates(acc, BLOCK_M, BH)
         smask = rmask[:, None] & umask[None, :]
         cp = c_ptr + srow[:, None] * H + unit[None, :]
-        h_new, c_new = _cell(gi, gf, gg, go, tl.load(cp, mask=smask, other=0.0))
+        h_new, c_new = _cell(gi, gf, gg, go, tl.load(cp, mask=smask, other=0.0, volatile=VOL))
         # Window mode: the emitted index restarts as the window beginning at t+1.
         tl.store(cp, tl.where(keep[:, None], c_new, 0.0), mask=smask)
         xrow = (layer * n_r + r).to(tl.int64)
@@ -166,17 +187,18 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, slots_ptr, p
 @triton.jit
 def _lstm_copy_h(layer: tl.constexpr, j, ms, n_ms, n_rows, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
                  H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, BH: tl.constexpr,
-                 BLOCK_M: tl.constexpr, WINDOW: tl.constexpr):
+                 BLOCK_M: tl.constexpr, WINDOW: tl.constexpr, VOL: tl.constexpr):
+    """This program's units of layer `layer`'s new h: scratch -> state (0 at the emitted window).
+    Only once nobody reads the layer's old h any more (after the phase's barrier)."""
     m = tl.arange(0, BLOCK_M)
     unit = j * BH + tl.arange(0, BH)
     umask = unit < H
     n_r = n_rows * W
     for tile in range(ms, tl.cdiv(n_r, BLOCK_M), n_ms):
-        r, b, srow0, rmask, keep = _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L, W, WINDOW, BLOCK_M)
+        r, b, srow0, rmask, keep = _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L, W, WINDOW, BLOCK_M, VOL)
         smask = rmask[:, None] & umask[None, :]
         xrow = (layer * n_r + r).to(tl.int64)
-        hv = tl.load(scratch_ptr + xrow[:, None] * H + unit[None, :], mask=smask, other=0.0,
-                     cache_modifier=".cg")
+        hv = _ld_l2(scratch_ptr + xrow[:, None] * H + unit[None, :], smask, VOL)
         tl.store(h_ptr + (srow0 + layer * W)[:, None] * H + unit[None, :], tl.where(keep[:, None], hv, 0.0),
                  mask=smask)
 
@@ -184,13 +206,14 @@ def _lstm_copy_h(layer: tl.constexpr, j, ms, n_ms, n_rows, slots_ptr, pos_ptr, h
 @triton.jit
 def _lstm_head(n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr,
                H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, KH: tl.constexpr, BLOCK_K: tl.constexpr,
-               WINDOW: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr):
+               WINDOW: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr, VOL: tl.constexpr):
+    """Head + decision of every batch entry from the top layer's new h (scratch), one program."""
     kk = tl.arange(0, BLOCK_K)
     for b0 in range(0, n_rows, HB):
         b = b0 + tl.arange(0, HB)
         bmask = b < n_rows
         if WINDOW:
-            t = tl.load(pos_ptr + b, mask=bmask, other=0).to(tl.int64)
+            t = tl.load(pos_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
             e = (((t + 1) % W) + W) % W
             hrow = ((L - 1) * n_rows + b).to(tl.int64) * W + e
         else:
@@ -200,25 +223,41 @@ def _lstm_head(n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr,
         l2 = tl.zeros([HB], dtype=tl.float32)
         for k0 in range(0, KH, BLOCK_K):
             kidx = k0 + kk
-            hv = tl.load(scratch_ptr + hrow[:, None] * H + kidx[None, :],
-                         mask=bmask[:, None] & (kidx < H)[None, :], other=0.0, cache_modifier=".cg")
+            hv = _ld_l2(scratch_ptr + hrow[:, None] * H + kidx[None, :], bmask[:, None] & (kidx < H)[None, :], VOL)
             l0 += tl.sum(hv * tl.load(hw_ptr + kidx)[None, :], axis=1)
             l1 += tl.sum(hv * tl.load(hw_ptr + KH + kidx)[None, :], axis=1)
             l2 += tl.sum(hv * tl.load(hw_ptr + 2 * KH + kidx)[None, :], axis=1)
-        slot = tl.load(slots_ptr + b, mask=bmask, other=0).to(tl.int64)
+        slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
         _decide_store(l0 + tl.load(hb_ptr), l1 + tl.load(hb_ptr + 1), l2 + tl.load(hb_ptr + 2),
                       b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
 
 
-@triton.jit(do_not_specialize=["n_rows", "R"])  # one compile for every batch size
+@triton.jit
+def _ring_scatter_rows(n_rows, rows_ptr, RH, slots_ptr, pos_ptr, ring_ptr, R, F: tl.constexpr,
+                       F_PAD: tl.constexpr, HB: tl.constexpr, ROWS_RING: tl.constexpr, VOL: tl.constexpr):
+    """Fused scatter of the step's new rows into a device ring [n_slots, R, F] (one program)."""
+    ff = tl.arange(0, F_PAD)
+    for b0 in range(0, n_rows, HB):
+        b = b0 + tl.arange(0, HB)
+        bmask = b < n_rows
+        slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        p = tl.load(pos_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        m2 = bmask[:, None] & (ff < F)[None, :]
+        src = rows_ptr + _row_offsets(b, bmask, slots_ptr, pos_ptr, F, RH, ROWS_RING, VOL)
+        v = tl.load(src[:, None] + ff[None, :], mask=m2, volatile=VOL)
+        tl.store(ring_ptr + (slot * R + ((p % R) + R) % R)[:, None] * F + ff[None, :], v, mask=m2)
+
+
+@triton.jit(do_not_specialize=["n_rows", "R", "RH"])  # one compile for every batch size
 def _lstm_kernel(
-    rows_ptr, slots_ptr, pos_ptr, n_rows, ring_ptr, R,
+    rows_ptr, RH, slots_ptr, pos_ptr, n_rows, ring_ptr, R,
     mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, hw_ptr, hb_ptr,
     h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr, thr_ptr, held_ptr, out_ptr,
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, PH_BEGIN: tl.constexpr, PH_END: tl.constexpr, WRITE_RING: tl.constexpr,
-    PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
+    ROWS_RING: tl.constexpr, HOST_IN: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr,
+    UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
 ):
     # grid (NB, MS): program (j, ms) owns hidden units j*BH.. of every layer, for row
     # tiles ms, ms + MS, ... (MS > 1 spreads large batches over more SMs)
@@ -227,27 +266,21 @@ def _lstm_kernel(
     n_ms = tl.num_programs(1)
     if WRITE_RING and PH_BEGIN == 0:
         if (j == NB - 1) & (ms == n_ms - 1):  # fused ring scatter; nothing in this kernel reads the ring
-            ff = tl.arange(0, F_PAD)
-            for b0 in range(0, n_rows, HB):
-                b = b0 + tl.arange(0, HB)
-                bmask = b < n_rows
-                slot = tl.load(slots_ptr + b, mask=bmask, other=0).to(tl.int64)
-                p = tl.load(pos_ptr + b, mask=bmask, other=0).to(tl.int64)
-                m2 = bmask[:, None] & (ff < F)[None, :]
-                v = tl.load(rows_ptr + b[:, None] * F + ff[None, :], mask=m2)
-                tl.store(ring_ptr + (slot * R + ((p % R) + R) % R)[:, None] * F + ff[None, :], v, mask=m2)
+            _ring_scatter_rows(n_rows, rows_ptr, RH, slots_ptr, pos_ptr, ring_ptr, R, F, F_PAD, HB, ROWS_RING,
+                               HOST_IN)
     for ph in tl.static_range(PH_BEGIN, PH_END):
         if ph > 0:
             _lstm_copy_h(ph - 1, j, ms, n_ms, n_rows, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
-                         H, W, L, BH, BLOCK_M, WINDOW)
+                         H, W, L, BH, BLOCK_M, WINDOW, HOST_IN)
         if ph < L:
-            _lstm_layer(ph, j, ms, n_ms, n_rows, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+            _lstm_layer(ph, j, ms, n_ms, n_rows, rows_ptr, RH, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                         wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
-                        F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, PREC, BF16, UPCAST)
+                        F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, ROWS_RING, HOST_IN,
+                        PREC, BF16, UPCAST)
         else:
             if (j == 0) & (ms == 0):
                 _lstm_head(n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr,
-                           H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C)
+                           H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, HOST_IN)
         if ph + 1 < PH_END:
             _grid_barrier(sync_ptr, NB * n_ms)
 
@@ -396,15 +429,23 @@ def alloc_lstm_workspace(w: LstmWeights, max_batch: int, states: int, *,
         max_split=max_split)
 
 
-def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor, rows: torch.Tensor,
+def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor, rows: torch.Tensor | None,
                 slots: torch.Tensor, positions: torch.Tensor, thresholds: torch.Tensor, held: torch.Tensor,
                 out: torch.Tensor, ring: torch.Tensor | None, *, window: bool, persistent: bool,
-                num_warps: int, block_m: int | None = None) -> None:
-    n = rows.shape[0]
+                num_warps: int, block_m: int | None = None, ring_h: torch.Tensor | None = None) -> None:
+    """rows float32 [n, F] staged, or ring_h float32 [n_slots, RH, F] (rows=None): each entry's
+    new row read at ring_h[slot, position mod RH], e.g. the pinned host feature ring through
+    its UVA mapping. slots, positions and out may be pinned host tensors too (loads from host
+    memory are volatile), so that a CUDA graph of this step is one kernel node."""
+    n = slots.shape[0]
     states = h.shape[2] if window else 1
-    if n > ws.max_batch or states != ws.states or rows.shape[1] != w.features or h.shape[-1] != w.hidden:
+    src = ring_h if ring_h is not None else rows
+    if src is None:
+        raise ValueError("pass the staged rows or ring_h")
+    if (n > ws.max_batch or states != ws.states or src.shape[-1] != w.features or h.shape[-1] != w.hidden
+            or (ring_h is None and rows.shape[0] != n)):
         raise ValueError(f"batch {n} (max {ws.max_batch}), states {states} (workspace {ws.states}), rows "
-                         f"{tuple(rows.shape)} or state {tuple(h.shape)} do not fit the model")
+                         f"{tuple(src.shape)} or state {tuple(h.shape)} do not fit the model")
     prec, bf16 = dot_flags(w.precision)
     if block_m is None:
         # Smallest tiles that still give every allowed program a tile: a batch of one
@@ -418,13 +459,17 @@ def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Ten
                              "grid barrier needs block_h >= hidden there (one program)")
         split = 1
     write_ring = ring is not None
+    rows_ring = ring_h is not None
+    # inputs read from pinned host memory through UVA: volatile loads (never a stale cached copy)
+    host_in = any(t.device.type == "cpu" for t in (src, slots, positions)) and not interpreting()
     phases = [(0, w.layers + 1)] if persistent else [(p, p + 1) for p in range(w.layers + 1)]
     for begin, end in phases:
         _lstm_kernel[(w.n_blocks, split)](
-            rows, slots, positions, n, ring if write_ring else rows, ring.shape[1] if write_ring else 1,
+            src, src.shape[1] if rows_ring else 1, slots, positions, n,
+            ring if write_ring else src, ring.shape[1] if write_ring else 1,
             w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
             h, c, ws.scratch, ws.xp, ws.sync, thresholds, held, out,
             F=w.features, H=w.hidden, W=states, L=w.layers, F_PAD=w.f_pad, KH=w.kh, BLOCK_K=w.block_k,
             BH=w.block_h, NB=w.n_blocks, BLOCK_M=block_m, WINDOW=window, PH_BEGIN=begin, PH_END=end,
-            WRITE_RING=write_ring, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
+            WRITE_RING=write_ring, ROWS_RING=rows_ring, HOST_IN=host_in, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
             HB=16, OUT_C=OUT_COLS, num_warps=num_warps)  # HB: head rows per pass

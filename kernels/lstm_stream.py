@@ -30,16 +30,20 @@ def alloc_stream_workspace(w: LstmWeights, max_batch: int, *, max_programs: int 
     return alloc_lstm_workspace(w, max_batch, 1, max_programs=max_programs)
 
 
-def lstm_stream_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor, rows: torch.Tensor,
-                     slots: torch.Tensor, thresholds: torch.Tensor, held: torch.Tensor, out: torch.Tensor, *,
-                     positions: torch.Tensor | None = None, ring: torch.Tensor | None = None,
-                     persistent: bool = True, num_warps: int = 4, block_m: int | None = None) -> None:
+def lstm_stream_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor,
+                     rows: torch.Tensor | None, slots: torch.Tensor, thresholds: torch.Tensor, held: torch.Tensor,
+                     out: torch.Tensor, *, positions: torch.Tensor | None = None, ring: torch.Tensor | None = None,
+                     ring_h: torch.Tensor | None = None, persistent: bool = True, num_warps: int = 4,
+                     block_m: int | None = None) -> None:
     """One stream step: rows float32 [n, F], slots [n]; h, c updated in place; out float32
-    [n, OUT_COLS]. With `ring` (and `positions`) the rows are also written into the ring."""
-    if ring is not None and positions is None:
-        raise ValueError("writing the ring needs the rows' positions")
+    [n, OUT_COLS]. With `ring` (and `positions`) the rows are also written into the ring.
+    ring_h (rows=None, positions given): each entry's row read at ring_h[slot, position mod RH]
+    (the pinned host feature ring; slots, positions and out may be pinned too), as in
+    `lstm_window_step`."""
+    if (ring is not None or ring_h is not None) and positions is None:
+        raise ValueError("writing the ring or reading ring_h needs the rows' positions")
     launch_lstm(w, ws, h, c, rows, slots, positions if positions is not None else slots, thresholds, held, out,
-                ring, window=False, persistent=persistent, num_warps=num_warps, block_m=block_m)
+                ring, window=False, persistent=persistent, num_warps=num_warps, block_m=block_m, ring_h=ring_h)
 
 
 def lstm_stream_reference(params: LstmParams, h: torch.Tensor, c: torch.Tensor, rows: torch.Tensor,

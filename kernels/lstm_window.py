@@ -53,13 +53,19 @@ def alloc_window_workspace(w: LstmWeights, max_batch: int, window: int, *,
     return alloc_lstm_workspace(w, max_batch, window, max_programs=max_programs)
 
 
-def lstm_window_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor, rows: torch.Tensor,
-                     slots: torch.Tensor, positions: torch.Tensor, thresholds: torch.Tensor, held: torch.Tensor,
-                     out: torch.Tensor, *, ring: torch.Tensor | None = None, persistent: bool = True,
-                     num_warps: int = 4, block_m: int | None = None) -> None:
+def lstm_window_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Tensor,
+                     rows: torch.Tensor | None, slots: torch.Tensor, positions: torch.Tensor,
+                     thresholds: torch.Tensor, held: torch.Tensor, out: torch.Tensor, *,
+                     ring: torch.Tensor | None = None, ring_h: torch.Tensor | None = None,
+                     persistent: bool = True, num_warps: int = 4, block_m: int | None = None) -> None:
     """One window-mode step: rows float32 [n, F] (the new raw rows), slots and positions [n]
     (int32/int64), thresholds float32 [2], held int8/int32 [n_slots]; h, c updated in place;
     out float32 [n, OUT_COLS]. With `ring` the rows are also written into it (fused scatter).
+
+    ring_h (rows=None): read each entry's new row at ring_h[slot, position mod RH] instead,
+    e.g. the pinned host feature ring [n_slots + 1, depth, F] through its UVA mapping; slots,
+    positions and out may be pinned host tensors as well, so a CUDA graph of the step is one
+    kernel node with no copy nodes.
 
     persistent=True: one launch, grid barrier between layers (needs all its programs
     resident at once: see alloc_lstm_workspace). False: L+1 launches. block_m: rows
@@ -67,7 +73,7 @@ def lstm_window_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torc
     16/32/64 that still gives every allowed program a tile). No allocation,
     no host sync: safe to capture in a CUDA graph."""
     launch_lstm(w, ws, h, c, rows, slots, positions, thresholds, held, out, ring,
-                window=True, persistent=persistent, num_warps=num_warps, block_m=block_m)
+                window=True, persistent=persistent, num_warps=num_warps, block_m=block_m, ring_h=ring_h)
 
 
 def _cell(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,6 +34,7 @@ from hft_infer.kernels.common import (
     OUT_COLS,
     _decide_store,
     _features,
+    _ld_l2,
     _mm,
     decide_reference,
     dot_flags,
@@ -44,28 +45,22 @@ from hft_infer.kernels.common import (
 from hft_infer.kernels.ring import ring_gather_reference, ring_scatter_reference
 
 
-@triton.jit(do_not_specialize=["n_rows", "R"])  # one compile for every batch size
-def _mlp_kernel(
-    ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R,
-    mean_ptr, istd_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr,
-    part_ptr, count_ptr, thr_ptr, held_ptr, out_ptr,
-    F: tl.constexpr, W: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, HLP: tl.constexpr,
-    NUM_HIDDEN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NCHUNK: tl.constexpr,
-    KSPLIT: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, BK1: tl.constexpr,
-    NEW_ROWS: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
-    OUT_C: tl.constexpr,
-):
+@triton.jit
+def _mlp_partial(pid, bt, ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R, mean_ptr, istd_ptr, w1_ptr, part_ptr,
+                 F: tl.constexpr, W: tl.constexpr, H1P: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 NCHUNK: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, NEW_ROWS: tl.constexpr,
+                 VOL: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """Layer 1, program pid = (nb, ks), batch tile bt: the partial sum over input chunks
+    ks*CPS.. of hidden columns nb*BN.. -> part[ks, b, nb*BN:...]. Window rows come from the
+    ring (VOL: volatile loads, e.g. the host feature ring under a persistent kernel)."""
     NBLK: tl.constexpr = H1P // BN
     KIN: tl.constexpr = W * F
-    pid = tl.program_id(0)
-    bt = tl.program_id(1)
     nb = pid % NBLK
     ks = pid // NBLK
-
     b = bt * BLOCK_B + tl.arange(0, BLOCK_B)
     bmask = b < n_rows
-    slot = tl.load(slots_ptr + b, mask=bmask, other=0)
-    pos = tl.load(pos_ptr + b, mask=bmask, other=0)
+    slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL)
+    pos = tl.load(pos_ptr + b, mask=bmask, other=0, volatile=VOL)
     # Per-row int32 bases keep the [BLOCK_B, BK] index tiles 32-bit (registers):
     # ring row of window row wi = (pr + R - (W-1) + wi) mod R, with pr = pos mod R
     # (floored) and R >= W; rows before position 0 have wi < lead.
@@ -74,8 +69,6 @@ def _mlp_kernel(
     slot_base = slot.to(tl.int32) * R
     kk = tl.arange(0, BK)
     nn = tl.arange(0, BN)
-
-    # ---- layer 1, this program's block: acc[b, n] = sum_k x[b, k] * W1[nb*BN + n, k]
     acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
     for ci in range(CPS):
         c = ks * CPS + ci
@@ -88,9 +81,9 @@ def _mlp_kernel(
         if NEW_ROWS:
             ring_ok = ring_ok & (wi < W - 1)[None, :]
         roff = (slot_base[:, None] + (pr[:, None] + (R - (W - 1)) + wi[None, :]) % R) * F
-        raw = tl.load(ring_ptr + roff + f[None, :], mask=ring_ok, other=0.0)
-        bid0 = tl.load(ring_ptr + roff, mask=ring_ok, other=0.0)
-        ask0 = tl.load(ring_ptr + roff + 2, mask=ring_ok, other=0.0)
+        raw = tl.load(ring_ptr + roff + f[None, :], mask=ring_ok, other=0.0, volatile=VOL)
+        bid0 = tl.load(ring_ptr + roff, mask=ring_ok, other=0.0, volatile=VOL)
+        ask0 = tl.load(ring_ptr + roff + 2, mask=ring_ok, other=0.0, volatile=VOL)
         if NEW_ROWS:
             # The newest row comes from the staged batch: another program may be
             # writing it into the ring right now.
@@ -106,51 +99,84 @@ def _mlp_kernel(
         wt = tl.load(w1_ptr + (nb * (NCHUNK * BK) + k[:, None]) * BN + nn[None, :],
                      mask=wk[:, None], other=0.0)
         acc = _mm(x, wt, acc, PREC, BF16, UPCAST)
+    tl.store(part_ptr + (ks * n_rows + b[:, None]) * H1P + nb * BN + nn[None, :], acc, mask=bmask[:, None])
 
+
+@triton.jit
+def _mlp_finish(bt, slots_ptr, n_rows, part_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, thr_ptr, held_ptr,
+                out_ptr, H1P: tl.constexpr, H2P: tl.constexpr, HLP: tl.constexpr, NUM_HIDDEN: tl.constexpr,
+                KSPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BK1: tl.constexpr, VOL: tl.constexpr,
+                PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, OUT_C: tl.constexpr):
+    """Batch tile bt, once every partial is stored: sum them in a fixed order (deterministic),
+    finish layer 1, the other layers, the decision."""
+    b = bt * BLOCK_B + tl.arange(0, BLOCK_B)
+    bmask = b < n_rows
+    slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL)
+    k1 = tl.arange(0, BK1)
+    l0 = tl.zeros([BLOCK_B], dtype=tl.float32)
+    l1 = tl.zeros([BLOCK_B], dtype=tl.float32)
+    l2 = tl.zeros([BLOCK_B], dtype=tl.float32)
+    j2 = tl.arange(0, H2P)
+    acc2 = tl.zeros([BLOCK_B, H2P], dtype=tl.float32)
+    for k0 in range(0, H1P, BK1):
+        cols = k0 + k1
+        hsum = tl.zeros([BLOCK_B, BK1], dtype=tl.float32)
+        for s in range(KSPLIT):  # fixed order: the result does not depend on who finished last
+            hsum += _ld_l2(part_ptr + (s * n_rows + b[:, None]) * H1P + cols[None, :], bmask[:, None], VOL)
+        h = tl.maximum(hsum + tl.load(b1_ptr + cols)[None, :], 0.0)
+        if NUM_HIDDEN == 2:
+            w2t = tl.load(w2_ptr + cols[:, None] * H2P + j2[None, :])
+            acc2 = _mm(h, w2t, acc2, PREC, BF16, UPCAST)
+        else:
+            l0 += tl.sum(h * tl.load(w3_ptr + cols)[None, :], axis=1)
+            l1 += tl.sum(h * tl.load(w3_ptr + HLP + cols)[None, :], axis=1)
+            l2 += tl.sum(h * tl.load(w3_ptr + 2 * HLP + cols)[None, :], axis=1)
+    if NUM_HIDDEN == 2:
+        h2 = tl.maximum(acc2 + tl.load(b2_ptr + j2)[None, :], 0.0)
+        l0 = tl.sum(h2 * tl.load(w3_ptr + j2)[None, :], axis=1)
+        l1 = tl.sum(h2 * tl.load(w3_ptr + HLP + j2)[None, :], axis=1)
+        l2 = tl.sum(h2 * tl.load(w3_ptr + 2 * HLP + j2)[None, :], axis=1)
+    l0 += tl.load(b3_ptr)
+    l1 += tl.load(b3_ptr + 1)
+    l2 += tl.load(b3_ptr + 2)
+    _decide_store(l0, l1, l2, b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
+
+
+@triton.jit(do_not_specialize=["n_rows", "R"])  # one compile for every batch size
+def _mlp_kernel(
+    ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R,
+    mean_ptr, istd_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr,
+    part_ptr, count_ptr, thr_ptr, held_ptr, out_ptr,
+    F: tl.constexpr, W: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, HLP: tl.constexpr,
+    NUM_HIDDEN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NCHUNK: tl.constexpr,
+    KSPLIT: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, BK1: tl.constexpr,
+    NEW_ROWS: tl.constexpr, HOST_IN: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr,
+    UPCAST: tl.constexpr, OUT_C: tl.constexpr,
+):
+    NBLK: tl.constexpr = H1P // BN
+    pid = tl.program_id(0)
+    bt = tl.program_id(1)
+    _mlp_partial(pid, bt, ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R, mean_ptr, istd_ptr, w1_ptr, part_ptr,
+                 F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, NEW_ROWS, HOST_IN, PREC, BF16, UPCAST)
     if NEW_ROWS:
         if pid == 0:  # fused ring scatter (one program per batch tile writes)
+            b = bt * BLOCK_B + tl.arange(0, BLOCK_B)
+            bmask = b < n_rows
+            slot = tl.load(slots_ptr + b, mask=bmask, other=0)
+            pos = tl.load(pos_ptr + b, mask=bmask, other=0)
+            base = slot.to(tl.int32) * R + (((pos % R) + R) % R).to(tl.int32)
             ff = tl.arange(0, BK)
             for f0 in range(0, F, BK):
                 fi = f0 + ff
                 m2 = bmask[:, None] & (fi < F)[None, :]
                 v = tl.load(rows_ptr + b[:, None] * F + fi[None, :], mask=m2)
-                tl.store(ring_ptr + (slot_base + pr)[:, None] * F + fi[None, :], v, mask=m2)
-
-    tl.store(part_ptr + (ks * n_rows + b[:, None]) * H1P + nb * BN + nn[None, :], acc,
-             mask=bmask[:, None])
+                tl.store(ring_ptr + base[:, None] * F + fi[None, :], v, mask=m2)
     tl.debug_barrier()  # all threads' partial stores are issued before the arrival below
     done = tl.atomic_add(count_ptr + bt, 1, sem="acq_rel")
     if done == NBLK * KSPLIT - 1:
-        # ---- last program of this batch tile: finish layer 1, the rest, the decision
-        k1 = tl.arange(0, BK1)
-        l0 = tl.zeros([BLOCK_B], dtype=tl.float32)
-        l1 = tl.zeros([BLOCK_B], dtype=tl.float32)
-        l2 = tl.zeros([BLOCK_B], dtype=tl.float32)
-        j2 = tl.arange(0, H2P)
-        acc2 = tl.zeros([BLOCK_B, H2P], dtype=tl.float32)
-        for k0 in range(0, H1P, BK1):
-            cols = k0 + k1
-            hsum = tl.zeros([BLOCK_B, BK1], dtype=tl.float32)
-            for s in range(KSPLIT):  # fixed order: the result does not depend on who finished last
-                hsum += tl.load(part_ptr + (s * n_rows + b[:, None]) * H1P + cols[None, :],
-                                mask=bmask[:, None], other=0.0, cache_modifier=".cg")
-            h = tl.maximum(hsum + tl.load(b1_ptr + cols)[None, :], 0.0)
-            if NUM_HIDDEN == 2:
-                w2t = tl.load(w2_ptr + cols[:, None] * H2P + j2[None, :])
-                acc2 = _mm(h, w2t, acc2, PREC, BF16, UPCAST)
-            else:
-                l0 += tl.sum(h * tl.load(w3_ptr + cols)[None, :], axis=1)
-                l1 += tl.sum(h * tl.load(w3_ptr + HLP + cols)[None, :], axis=1)
-                l2 += tl.sum(h * tl.load(w3_ptr + 2 * HLP + cols)[None, :], axis=1)
-        if NUM_HIDDEN == 2:
-            h2 = tl.maximum(acc2 + tl.load(b2_ptr + j2)[None, :], 0.0)
-            l0 = tl.sum(h2 * tl.load(w3_ptr + j2)[None, :], axis=1)
-            l1 = tl.sum(h2 * tl.load(w3_ptr + HLP + j2)[None, :], axis=1)
-            l2 = tl.sum(h2 * tl.load(w3_ptr + 2 * HLP + j2)[None, :], axis=1)
-        l0 += tl.load(b3_ptr)
-        l1 += tl.load(b3_ptr + 1)
-        l2 += tl.load(b3_ptr + 2)
-        _decide_store(l0, l1, l2, b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
+        # last program of this batch tile (an atomic counter, no spinning: any grid size is safe)
+        _mlp_finish(bt, slots_ptr, n_rows, part_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, thr_ptr, held_ptr,
+                    out_ptr, H1P, H2P, HLP, NUM_HIDDEN, KSPLIT, BLOCK_B, BK1, False, PREC, BF16, UPCAST, OUT_C)
         tl.atomic_xchg(count_ptr + bt, 0)  # ready for the next launch (kernel boundary orders it)
 
 
@@ -301,7 +327,9 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
     except the padding sink); thresholds float32 [2] (threshold, hysteresis) and held int8 or int32
     [n_slots] on the device. With `rows` (float32 [n, F], the step's new rows at
     `positions`) the kernel also writes them into the ring; without, the ring must already
-    hold them. No allocation, no host sync: safe to capture in a CUDA graph."""
+    hold them: the ring may be the pinned host feature ring itself (UVA), with slots, positions
+    and out pinned too, so that a CUDA graph of the step is one kernel node with no copies.
+    No allocation, no host sync: safe to capture in a CUDA graph."""
     n = slots.shape[0]
     if (n > ws.max_batch or ring.shape[1] < w.window or ring.shape[2] != w.features
             or ring.numel() >= 2**31):  # int32 offsets into the ring
@@ -311,13 +339,15 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
     block_b = min(BLOCK_B_MAX, max(16, triton.next_power_of_2(n)))
     grid = (w.programs_per_tile, triton.cdiv(n, block_b))
     new_rows = rows is not None
+    # a ring (or slots/positions) in pinned host memory, read through UVA: volatile loads
+    host_in = any(t.device.type == "cpu" for t in (ring, slots, positions)) and not interpreting()
     _mlp_kernel[grid](
         ring, rows if new_rows else ring, slots, positions, n, ring.shape[1],
         w.mean, w.inv_std, w.w1, w.b1, w.w2, w.b2, w.w3, w.b3,
         ws.part, ws.count, thresholds, held, out,
         F=w.features, W=w.window, H1P=w.h1p, H2P=w.h2p, HLP=w.hlp, NUM_HIDDEN=w.num_hidden,
         BN=w.bn, BK=w.bk, NCHUNK=w.nchunk, KSPLIT=w.ksplit, CPS=w.cps, BLOCK_B=block_b,
-        BK1=min(32, w.h1p), NEW_ROWS=new_rows, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
+        BK1=min(32, w.h1p), NEW_ROWS=new_rows, HOST_IN=host_in, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
         OUT_C=OUT_COLS, num_warps=num_warps)
 
 

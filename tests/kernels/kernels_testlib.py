@@ -200,3 +200,34 @@ def make_lstm(levels: int, hidden: int, layers: int, gen: torch.Generator):
     params = LstmParams.from_state_dict(lstm.state_dict(), r32(uniform((3, hidden), bound, gen)),
                                         r32(uniform((3,), 0.5, gen)), mean.double(), inv_std.double())
     return params.to(torch.float32), lstm
+
+
+def make_mlp(levels: int, window: int, hidden: tuple[int, ...], gen: torch.Generator):
+    """MlpParams fp32 (nn.Linear layout, weights uniform(+-1/sqrt(in)), a head bias off zero)."""
+    import math
+
+    from hft_infer.kernels.mlp import MlpParams
+
+    widths = [window * (4 * levels + 2), *hidden, 3]
+    ws = tuple(uniform((o, i), 1 / math.sqrt(i), gen) for i, o in zip(widths, widths[1:]))
+    bs = tuple(uniform((o,), 1 / math.sqrt(i), gen) for i, o in zip(widths, widths[1:]))
+    bs = bs[:-1] + (uniform((3,), 0.5, gen),)  # a head bias keeps the logits off zero
+    mean, inv_std = make_norm(levels, gen)
+    return MlpParams(ws, bs, mean.double(), inv_std.double(), window).to(torch.float32)
+
+
+def preset_params(preset: str, seed: int):
+    """(kind, spec, fp32 params) of a real preset (hft_infer.models): LstmParams or MlpParams."""
+    from hft_infer.kernels.lstm import LstmParams
+    from hft_infer.kernels.mlp import MlpParams
+    from hft_infer.models.checkpoint import load_model
+
+    model, _ = load_model("", preset=preset, seed=seed)
+    spec = model.spec
+    mean, inv_std = model.norm_mean.detach().float(), model.norm_inv_std.detach().float()
+    if spec.kind == "mlp":
+        layers = [*model.layers, model.head]
+        return spec, MlpParams(tuple(m.weight.detach().float() for m in layers),
+                               tuple(m.bias.detach().float() for m in layers), mean, inv_std, spec.window)
+    return spec, LstmParams.from_state_dict(model.lstm.state_dict(), model.head.weight.float(),
+                                            model.head.bias.float(), mean, inv_std).to(torch.float32)

@@ -3,17 +3,15 @@ fail), no data-dependent host control flow (replays with new inputs give the eag
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from kernels_testlib import make_lstm, make_norm, make_rows, require_device, uniform
+from kernels_testlib import make_lstm, make_mlp, make_rows, require_device
 
 from hft_infer.kernels.common import OUT_COLS
 from hft_infer.kernels.lstm import prepare_lstm_weights
 from hft_infer.kernels.lstm_stream import alloc_stream_state, alloc_stream_workspace, lstm_stream_step
 from hft_infer.kernels.lstm_window import alloc_window_state, alloc_window_workspace, lstm_window_step
-from hft_infer.kernels.mlp import MlpParams, alloc_mlp_workspace, mlp_step, prepare_mlp_weights
+from hft_infer.kernels.mlp import alloc_mlp_workspace, mlp_step, prepare_mlp_weights
 
 LEVELS, WINDOW, N_INST, BATCH, STEPS = 10, 50, 16, 8, 12
 
@@ -23,11 +21,7 @@ def _setup(kind: str, precision: str, persistent: bool, dev: torch.device, gen: 
     f = 4 * LEVELS + 2
     n_slots = N_INST + 1
     if kind == "mlp":
-        window = 32
-        widths = [window * f, 128, 64, 3]
-        params = MlpParams(tuple(uniform((o, i), 1 / math.sqrt(i), gen) for i, o in zip(widths, widths[1:])),
-                           tuple(uniform((o,), 0.5, gen) for o in widths[1:]),
-                           *[t.double() for t in make_norm(LEVELS, gen)], window).to(torch.float32)
+        params = make_mlp(LEVELS, 32, (128, 64), gen)
         w = prepare_mlp_weights(params, precision=precision, device=dev)
         ws = alloc_mlp_workspace(w, BATCH)
         ring = torch.zeros(n_slots, 40, f, device=dev)

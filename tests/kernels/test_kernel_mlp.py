@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import zlib
 from dataclasses import dataclass
 
 import pytest
 import torch
-from kernels_testlib import TOL, check_out, make_norm, make_rows, make_schedule, require_device, uniform
+from kernels_testlib import TOL, check_out, make_mlp, make_rows, make_schedule, require_device
 
 from hft_infer.kernels.common import OUT_COLS
-from hft_infer.kernels.mlp import MlpParams, alloc_mlp_workspace, mlp_step, mlp_step_reference, prepare_mlp_weights
+from hft_infer.kernels.mlp import alloc_mlp_workspace, mlp_step, mlp_step_reference, prepare_mlp_weights
 from hft_infer.kernels.ring import ring_scatter, ring_scatter_reference
 
 
@@ -57,21 +56,11 @@ def _cases():
     return out
 
 
-def _params(case: Case, gen: torch.Generator) -> MlpParams:
-    f = 4 * case.levels + 2
-    widths = [case.window * f, *case.hidden, 3]
-    ws = tuple(uniform((o, i), 1 / math.sqrt(i), gen) for i, o in zip(widths, widths[1:]))
-    bs = tuple(uniform((o,), 1 / math.sqrt(i), gen) for i, o in zip(widths, widths[1:]))
-    bs = bs[:-1] + (uniform((3,), 0.5, gen),)  # a head bias keeps the logits off zero
-    mean, inv_std = make_norm(case.levels, gen)
-    return MlpParams(ws, bs, mean.double(), inv_std.double(), case.window).to(torch.float32)
-
-
 @pytest.mark.parametrize("case", _cases())
 def test_mlp_step_matches_references(case: Case):
     dev = require_device(case.device)
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    params = _params(case, gen)
+    params = make_mlp(case.levels, case.window, case.hidden, gen)
     p64 = params.to(torch.float64)
     f = 4 * case.levels + 2
     n_slots = case.n_inst + 1
