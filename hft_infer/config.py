@@ -198,6 +198,8 @@ class RunnerConfig(_Section):
     """Debug: verify before every replay that graph inputs have not moved."""
     watchdog_ms: PosInt = 1000
     """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
+    max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2
+    """GPU engines: steps in flight at once (staging buffers: the loop writes step k+1 while step k runs; the persistent engine's request ring holds at least 2)."""
     cpu_worker: bool = False
     """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile (pays when a step is long against the per-event work and a core is free for it)."""
 

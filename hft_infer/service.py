@@ -44,6 +44,7 @@ from hft_infer.config import Config, expand_endpoint
 from hft_infer.egress import Egress
 from hft_infer.ingest import Ingest
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
+from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
 from hft_infer.runner.worker import WorkerEngine
 from hft_infer.scheduler import Scheduler
@@ -53,7 +54,7 @@ from hft_infer.transport.schema import SERVICE_TOPIC_ID, Kind, Outcome, Reason
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
 DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
-STALE = int(Reason.STALE)
+STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 GAP_WINDOW_NS = 100_000  # loop_gap: the worst gap between iterations per 100 us of loop time
@@ -108,6 +109,7 @@ class Service:
         self._signals = 0
         self._stop_requested = False
         self._force = False
+        self.failure = ""  # set when the engine failed: the final Status names it, serve exits non-zero
         self._fd_future: asyncio.Future | None = None
         self._gc_frozen = False
         self._engine_closed = False
@@ -302,12 +304,15 @@ class Service:
 
     def _answer_stale(self, rids: list[int]) -> None:
         """Requests of conflating models found stale when their turn came (no step for them)."""
+        self._answer_shed(rids, STALE)
+
+    def _answer_shed(self, rids: list[int], reason: int) -> None:
         sched = self.sched
-        self.acct.shed_some(STALE, len(rids))
+        self.acct.shed_some(reason, len(rids))
         if self.cfg.egress.publish_shed:
             offset = self.clock.offset_ns
             for r in rids:
-                self.egress.answers.add(self.instrument_ids[sched.r_slot[r]], sched.r_seq[r], SHED, STALE, 0, 0.0,
+                self.egress.answers.add(self.instrument_ids[sched.r_slot[r]], sched.r_seq[r], SHED, reason, 0, 0.0,
                                         sched.r_nconf[r], sched.r_send_epoch_ns[r], sched.r_recv_ns[r] + offset)
         for r in rids:
             sched.release(r)
@@ -350,7 +355,7 @@ class Service:
     def status_message(self, final: bool = False):
         return self.acct.status(self.clock.epoch(perf_ns()), conflated=self.sched.conflated,
                                 pending=self.pending(), final=final, engine=self.engine.name,
-                                model_version=self.model_version)
+                                model_version=self.model_version, error=self.failure)
 
     def _ship(self, now: int, final: bool = False) -> None:
         interval = self.stages.take_interval()
@@ -435,6 +440,8 @@ class Service:
         try:
             await self._loop()
             await self._drain()
+        except EngineFailure as e:
+            self._fail(e)
         finally:
             loop.remove_reader(fd)
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -549,6 +556,27 @@ class Service:
         self._ship(now, final=True)
         self.egress.send_status(self.status_message(final=True))
 
+    def _fail(self, e: EngineFailure) -> None:
+        """The engine cannot go on: answer everything in flight and queued as shed, say why in a
+        final Status, and let serve exit non-zero (systemd restarts the service)."""
+        self.failure = f"{type(e).__name__}: {e}"
+        self.log(f"fatal: {self.failure}")
+        lost = [r for b in self._inflight for r in b.rids]
+        self._inflight.clear()
+        saved = self.sched.max_age_ns
+        try:
+            self._answer_shed(lost, ENGINE_FAILURE)
+            self.sched.max_age_ns = -1
+            while self.sched.queued_slots:
+                n = self.sched.form_batch(perf_ns(), force=True)
+                self._answer_shed(self.sched.shed_rids[: self.sched.n_shed], ENGINE_FAILURE)
+                self._answer_shed(self.sched.batch_rids[:n], ENGINE_FAILURE)
+        finally:
+            self.sched.max_age_ns = saved
+        self._flush()
+        self._ship(perf_ns(), final=True)
+        self.egress.send_status(self.status_message(final=True))
+
     def _shed_all_queued(self) -> None:
         sched = self.sched
         saved = sched.max_age_ns
@@ -594,6 +622,7 @@ class Service:
             "identity_holds": self.acct.identity_holds(self.sched.conflated, self.pending()),
             "counters": counters,
             "rejected_by_reason": self.acct.reasons(),
+            "failure": self.failure,
         }
 
 

@@ -77,6 +77,7 @@ class Reason(enum.IntEnum):
     QUEUE_FULL = 10  # shed: no free request slot (scheduler.capacity)
     BAD_FIELD = 11  # a field outside its range (negative seq, side not +-1, bad priority, ts_send_ns)
     OUT_OF_ORDER = 12  # seq not above the instrument's last one (duplicate or late), and not a restart at 0
+    ENGINE_FAILURE = 13  # shed: the model engine failed (the service then stops, non-zero)
 
 
 class Quote(msgspec.Struct, tag=TAG_QUOTE, array_like=True, frozen=True, gc=False):
@@ -156,6 +157,7 @@ class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=Fa
     seq_missing: int = 0  # events missing in the gaps (seq_gaps counts the gaps); saturates at 2**63-1
     resets: int = 0  # Reset messages applied
     ingest_disconnects: int = 0  # feed connections lost (and re-established) by the ingest socket
+    error: str = ""  # in the final Status of a service that stops on a fatal error: what failed
 
 
 class DecisionBatch(msgspec.Struct, tag=TAG_DECISION_BATCH, array_like=True, frozen=True, gc=False):

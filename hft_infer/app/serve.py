@@ -182,6 +182,9 @@ def _report(service, cfg: Config, run_dir: Path, args: argparse.Namespace, *, wr
         write_hgrm(service.stages.cumulative, run_dir)
     if getattr(args, "json", None):
         Path(args.json).write_text(text)
+    if service.failure:  # the engine failed: everything was answered as shed; systemd restarts us
+        log(f"error: stopped on a fatal engine failure: {service.failure}")
+        return 3
     if acc["pending"] != 0:
         log(f"error: {acc['pending']} events left without an outcome")
         return 1

@@ -1,25 +1,28 @@
-"""GPU engines: a CUDA graph per batch bucket, and a persistent kernel with no launch per step.
+"""GPU engines: one-node CUDA graphs per batch bucket, and persistent kernels with no launch at all.
 
-Both run the fused Triton kernels of `hft_infer.kernels` on device-resident
-state (weights, LSTM open-window or stream state, the MLP's device ring, the
-decision policy's held positions) allocated once at start-up. The host side
-of a step is the same: the hot loop fills `slots`/`positions` (pinned),
-`_stage` copies each entry's new raw row from the feature store into a pinned
-staging buffer (one numpy gather), the device does the rest, and the
-decisions come back into pinned memory.
+Both read each request's rows straight from the feature store's pinned host
+ring through its UVA mapping (the ingest wrote them there; no gather, no
+staging copy) and keep the model state (weights, LSTM open-window or stream
+state, the decision policy's held positions) on the device, allocated once.
 
-- `GraphEngine`: each bucket's step (H2D of slots, positions and rows; the
-  fused kernel; D2H of the outputs) is captured once as a CUDA graph, largest
-  bucket first, all in one memory pool; a step is one `replay()` and one
-  stream sync. Capturing again after start-up raises.
-- `PersistentEngine` (window LSTM): the kernel polls a request flag in
-  pinned memory, so a step is: stage, release the flag, spin on the done flag.
-  A watchdog bounds the wait: a kernel that does not answer within
-  `runner.watchdog_ms` is a fatal error (systemd restarts the service).
+- `GraphEngine`: for each of its two staging buffers (double buffering: the
+  loop writes batch k+1 while batch k runs) and each bucket, a CUDA graph of
+  ONE kernel node: it reads slots and positions from the buffer's pinned
+  arrays, the rows from the host ring, and writes the decisions into the
+  buffer's pinned outputs. A step is one `replay()` and an event; `poll`
+  queries the event. Captured once at start-up, largest bucket first, in one
+  pool; capturing again raises.
+- `PersistentEngine`: a kernel that never exits serves a request ring in
+  pinned memory (kernels/persistent.py): the loop fills a request slot in
+  place, `submit` writes its header last, the kernel answers in order and
+  releases a done counter that `poll` reads. Up to `runner.max_inflight`
+  requests in flight; a Reset is a request of its own kind, in order with the
+  steps. A watchdog (`runner.watchdog_ms`) turns a request that is not
+  answered in time into an EngineFailure (fatal: systemd restarts us).
 
-Every event's row reaches the device exactly once and in order, so GPU
-engines schedule sequentially (no conflation): the MLP's device ring and the
-LSTM states see every row.
+Window models that read the whole window from the ring (the MLP) are
+stateless on the device, so their triggers may be conflated as on the CPU;
+LSTMs keep per-slot state and see every row in order.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 import numpy as np
 import torch
 
+from hft_infer.kernels.common import OUT_COLS
 from hft_infer.runner.base import Engine, EngineFailure
 
 __all__ = ["EngineFailure", "GraphEngine", "KernelStep", "PersistentEngine"]
@@ -39,151 +43,146 @@ def _pinned(shape, dtype) -> torch.Tensor:
 
 
 class KernelStep:
-    """One model's fused kernel step on device buffers: `launch(b)` for a bucket of b entries.
+    """One model's weights, device state and fused step, reading rows from `ring_h` (the
+    pinned host feature ring [n_slots + 1, depth, F])."""
 
-    Inputs (device): slots, positions (int64 [max_batch]), rows (float32 [max_batch, F]);
-    output: out (float32 [max_batch, OUT_COLS]: score, action, 3 logits).
-    """
-
-    def __init__(self, model, *, mode: str, window_method: str, n_slots: int, ring_depth: int, max_batch: int,
+    def __init__(self, model, *, mode: str, window_method: str, ring_h: torch.Tensor, max_batch: int,
                  precision: str, threshold: float, hysteresis: float, device: str) -> None:
-        from hft_infer.kernels.common import OUT_COLS
-
-        self.device = torch.device(device)
+        self.device = dev = torch.device(device)
         spec = model.spec
-        self.kind = spec.kind
-        self.features = spec.features
-        dev = self.device
-        self.slots = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        self.rows = torch.zeros(max_batch, spec.features, dtype=torch.float32, device=dev)
-        self.out = torch.zeros(max_batch, OUT_COLS, dtype=torch.float32, device=dev)
+        self.kind, self.features, self.window = spec.kind, spec.features, spec.window
+        self.mode = mode if spec.kind == "lstm" else "window"
+        self.ring_h = ring_h
+        n_slots = ring_h.shape[0]
         self.held = torch.zeros(n_slots, dtype=torch.int32, device=dev)
         self.thresholds = torch.tensor([threshold, hysteresis], dtype=torch.float32, device=dev)
         mean = model.norm_mean.detach().float()
         inv_std = model.norm_inv_std.detach().float()
+        self.h = self.c = None
         if spec.kind == "mlp":
-            from hft_infer.kernels.mlp import MlpParams, alloc_mlp_workspace, mlp_step, prepare_mlp_weights
+            from hft_infer.kernels.mlp import MlpParams, alloc_mlp_workspace, prepare_mlp_weights
 
             params = MlpParams(tuple(m.weight.detach().float() for m in [*model.layers, model.head]),
                                tuple(m.bias.detach().float() for m in [*model.layers, model.head]),
                                mean, inv_std, spec.window)
             self.w = prepare_mlp_weights(params, precision=precision, device=dev)
             self.ws = alloc_mlp_workspace(self.w, max_batch)
-            self.ring = torch.zeros(n_slots, ring_depth, spec.features, dtype=torch.float32, device=dev)
-            self._step = lambda b: mlp_step(self.w, self.ws, self.ring, self.slots[:b], self.positions[:b],
-                                            self.thresholds, self.held, self.out[:b], rows=self.rows[:b])
-            self.mode = "window"
+            self.stateful = False
             return
         from hft_infer.kernels.lstm import LstmParams, prepare_lstm_weights
 
+        if mode == "window" and window_method != "incremental":
+            raise ValueError("the GPU kernels implement the incremental window method; "
+                             "model.window_method = \"recompute\" runs on the CPU engine")
         params = LstmParams.from_state_dict(model.lstm.state_dict(), model.head.weight.float(),
                                             model.head.bias.float(), mean, inv_std).to(torch.float32)
         self.w = prepare_lstm_weights(params, precision=precision, device=dev)
-        self.mode = mode
-        if mode == "stream":
-            from hft_infer.kernels.lstm_stream import alloc_stream_state, alloc_stream_workspace, lstm_stream_step
+        self.stateful = True
+
+    def alloc_launched(self, max_batch: int) -> None:
+        """Workspace and state for launched steps (the graph engine)."""
+        if self.kind == "mlp":
+            return
+        n_slots = self.ring_h.shape[0]
+        if self.mode == "stream":
+            from hft_infer.kernels.lstm_stream import alloc_stream_state, alloc_stream_workspace
 
             self.ws = alloc_stream_workspace(self.w, max_batch)
             self.h, self.c = alloc_stream_state(self.w, n_slots)
-            self._step = lambda b: lstm_stream_step(self.w, self.ws, self.h, self.c, self.rows[:b], self.slots[:b],
-                                                    self.thresholds, self.held, self.out[:b],
-                                                    positions=self.positions[:b])
-            return
-        if window_method != "incremental":
-            raise ValueError("the GPU kernels implement the incremental window method; "
-                             "model.window_method = \"recompute\" runs on the CPU engine")
-        from hft_infer.kernels.lstm_window import alloc_window_state, alloc_window_workspace, lstm_window_step
+        else:
+            from hft_infer.kernels.lstm_window import alloc_window_state, alloc_window_workspace
 
-        self.window = spec.window
-        self.ws = alloc_window_workspace(self.w, max_batch, spec.window)
-        self.h, self.c = alloc_window_state(self.w, n_slots, spec.window)
-        self._step = lambda b: lstm_window_step(self.w, self.ws, self.h, self.c, self.rows[:b], self.slots[:b],
-                                                self.positions[:b], self.thresholds, self.held, self.out[:b])
+            self.ws = alloc_window_workspace(self.w, max_batch, self.window)
+            self.h, self.c = alloc_window_state(self.w, n_slots, self.window)
 
-    def launch(self, b: int) -> None:
-        self._step(b)
+    def launch(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
+        """One launched step over pinned slots/positions into pinned out (capturable)."""
+        if self.kind == "mlp":
+            from hft_infer.kernels.mlp import mlp_step
+
+            mlp_step(self.w, self.ws, self.ring_h, slots, positions, self.thresholds, self.held, out)
+        elif self.mode == "stream":
+            from hft_infer.kernels.lstm_stream import lstm_stream_step
+
+            lstm_stream_step(self.w, self.ws, self.h, self.c, None, slots, self.thresholds, self.held, out,
+                             positions=positions, ring_h=self.ring_h)
+        else:
+            from hft_infer.kernels.lstm_window import lstm_window_step
+
+            lstm_window_step(self.w, self.ws, self.h, self.c, None, slots, positions, self.thresholds, self.held,
+                             out, ring_h=self.ring_h)
+
+    def persistent(self, ring, *, max_programs: int | None = None):
+        """The persistent kernel of this model behind `ring` (kernels/persistent.py)."""
+        if self.kind == "mlp":
+            from hft_infer.kernels.mlp_persistent import MlpPersistent
+
+            return MlpPersistent(self.w, ring, self.ring_h, self.thresholds, self.held)
+        from hft_infer.kernels.lstm_persistent import LstmPersistent
+
+        return LstmPersistent(self.w, ring, self.ring_h, self.thresholds, self.held,
+                              window=self.window if self.mode == "window" else None, max_programs=max_programs)
 
     def reset(self) -> None:
-        for name in ("h", "c", "ring"):
-            t = getattr(self, name, None)
+        for t in (self.h, self.c):
             if t is not None:
                 t.zero_()
         self.held.zero_()
 
     def reset_slots(self, slots) -> None:
         """Zero these slots' device state, ordered after every step already on the stream."""
-        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.device)
-        for name in ("h", "c", "ring"):
-            t = getattr(self, name, None)
+        idx = torch.as_tensor(np.asarray(slots), dtype=torch.int64).to(self.device)
+        for t in (self.h, self.c):
             if t is not None:
                 t[idx] = 0
         self.held[idx] = 0
 
 
 class _GpuEngine(Engine):
-    """Shared host side: pinned host arrays and the row staging from the feature store."""
-
-    def __init__(self, kstep: KernelStep, store, buckets: list[int], *, reason: str) -> None:
-        self.kstep = kstep
-        self.store = store
-        super().__init__(buckets, store.sink_slot, stateful=True, reason=reason)
-        self.rows_h = _pinned((self.max_batch, kstep.features), torch.float32)
-        self._rows_np = self.rows_h.numpy()
-        self._ring_rows = store.array.reshape(-1, store.width)  # [slots * depth, F] view of the host ring
-        self._depth = store.depth
-
     def _host_array(self, n: int, dtype) -> np.ndarray:
         return _pinned((n,), {np.int64: torch.int64, np.float32: torch.float32}[dtype]).numpy()
-
-    def _stage(self, b: int) -> None:
-        """Copy each entry's row (slot, position) from the host ring into pinned staging."""
-        flat = self._slots[0][:b] * self._depth + self._positions[0][:b] % self._depth
-        np.take(self._ring_rows, flat, axis=0, out=self._rows_np[:b])
 
 
 class GraphEngine(_GpuEngine):
     name = "graph"
 
-    def __init__(self, kstep: KernelStep, store, buckets: list[int], *, reason: str,
-                 check_addresses: bool = False) -> None:
-        super().__init__(kstep, store, buckets, reason=reason)
-        self.out_h = _pinned(kstep.out.shape, torch.float32)
-        self._out_np = self.out_h.numpy()
-        self._slots_t = torch.from_numpy(self._slots[0])
-        self._pos_t = torch.from_numpy(self._positions[0])
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    def __init__(self, kstep: KernelStep, buckets: list[int], *, sink_slot: int, reason: str,
+                 check_addresses: bool = False, max_inflight: int = 2) -> None:
+        self.kstep = kstep
+        self.max_inflight = max_inflight
+        super().__init__(buckets, sink_slot, stateful=kstep.stateful, reason=reason)
+        kstep.alloc_launched(self.max_batch)
+        k = self.max_inflight
+        self._slots_t = [torch.from_numpy(a) for a in self._slots]
+        self._pos_t = [torch.from_numpy(a) for a in self._positions]
+        self._out = [_pinned((self.max_batch, OUT_COLS), torch.float32) for _ in range(k)]
+        self._out_np = [o.numpy() for o in self._out]
+        self._events = [torch.cuda.Event() for _ in range(k)]
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._captured = False
         self.check_addresses = check_addresses
         self._addresses = None
         self.stream = torch.cuda.Stream(device=kstep.device)
-        # Replays go on the current stream (a graph may be replayed on any stream): no
-        # stream context manager per step; an event after the replay tells when it is done.
-        self._done_event = torch.cuda.Event()
+        # Replays go on the current stream (a graph may be replayed on any stream): no stream
+        # context manager per step; steps stay ordered on that one stream.
         self._replay_stream = torch.cuda.current_stream(kstep.device)
 
-    def _body(self, b: int) -> None:
-        k = self.kstep
-        k.slots[:b].copy_(self._slots_t[:b], non_blocking=True)
-        k.positions[:b].copy_(self._pos_t[:b], non_blocking=True)
-        k.rows[:b].copy_(self.rows_h[:b], non_blocking=True)
-        k.launch(b)
-        self.out_h[:b].copy_(k.out[:b], non_blocking=True)
+    def _body(self, i: int, b: int) -> None:
+        self.kstep.launch(self._slots_t[i][:b], self._pos_t[i][:b], self._out[i][:b])
 
     def _graph_inputs(self) -> tuple[int, ...]:
-        k = self.kstep
-        return tuple(t.data_ptr() for t in (self._slots_t, self._pos_t, self.rows_h, self.out_h, k.slots,
-                                            k.positions, k.rows, k.out))
+        return tuple(t.data_ptr() for group in (self._slots_t, self._pos_t, self._out) for t in group) + (
+            self.kstep.ring_h.data_ptr(),)
 
     def warm_up(self, rounds: int = 3) -> None:
         """Compile and run every bucket eagerly, then capture the graphs (largest first)."""
         with torch.cuda.stream(self.stream):
-            for b in self.bucket_map.buckets:
-                self._slots[0][:b] = self.sink_slot
-                self._positions[0][:b] = 0
-                for _ in range(rounds):
-                    self._stage(b)
-                    self._body(b)
+            for i in range(self.max_inflight):
+                for b in self.bucket_map.buckets:
+                    self._slots[i][:b] = self.sink_slot
+                    self._positions[i][:b] = 0
+                    for _ in range(rounds):
+                        self._body(i, b)
         self.stream.synchronize()
         self.capture()
         self.reset()
@@ -194,127 +193,124 @@ class GraphEngine(_GpuEngine):
             raise EngineFailure("CUDA graphs are captured once, at start-up; a second capture is a bug")
         pool = torch.cuda.graph_pool_handle()
         for b in sorted(self.bucket_map.buckets, reverse=True):  # largest first: smaller ones reuse its pool
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=self.stream):
-                self._body(b)
-            self.graphs[b] = g
+            for i in range(self.max_inflight):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=self.stream):
+                    self._body(i, b)
+                self.graphs[(i, b)] = g
         self.stream.synchronize()
         self._captured = True
         self._addresses = self._graph_inputs()
 
     def _launch(self, i: int, n: int) -> None:
         b = self.pad(i, n)
-        self._stage(b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
-        self.graphs[b].replay()
-        self._done_event.record(self._replay_stream)
+        self.graphs[(i, b)].replay()
+        self._events[i].record(self._replay_stream)
 
     def _done(self, i: int) -> bool:
-        return self._done_event.query()
+        return self._events[i].query()
 
     def _outputs(self, i: int) -> None:
         n = self._n[i]
-        out = self._out_np
+        out = self._out_np[i]
         self._scores[i][:n] = out[:n, 0]
         self._actions[i][:n] = out[:n, 1]
+
+    def reset(self) -> None:
+        self.kstep.reset()
+        torch.cuda.current_stream(self.kstep.device).synchronize()
 
     def reset_slots(self, slots) -> None:
         self.kstep.reset_slots(slots)
 
-    def reset(self) -> None:
-        with torch.cuda.stream(self.stream):
-            self.kstep.reset()
-        self.stream.synchronize()
-
 
 class PersistentEngine(_GpuEngine):
-    """Window LSTM served by a kernel that never exits (hft_infer.kernels.engine)."""
+    """Every model family served by a persistent kernel behind a request ring."""
 
     name = "persistent"
 
-    def __init__(self, kstep: KernelStep, store, buckets: list[int], *, reason: str, watchdog_ms: int) -> None:
-        from hft_infer.kernels.engine import LstmWindowEngine
+    def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
+                 max_inflight: int = 4, max_programs: int | None = None) -> None:
+        from hft_infer.kernels.persistent import RequestRing, persistent_supported
 
-        if kstep.kind != "lstm" or kstep.mode != "window":
-            raise EngineFailure("the persistent engine serves window-mode LSTMs")
-        super().__init__(kstep, store, buckets, reason=reason)
-        self.watchdog_s = watchdog_ms / 1000.0
-        k = kstep
-        self.eng = LstmWindowEngine(k.w, k.ws, k.h, k.c, k.thresholds, k.held, max_batch=self.max_batch)
-        self._eng_rows = self.eng.rows.numpy()
-        self._eng_slots = self.eng.slots.numpy()
-        self._eng_pos = self.eng.positions.numpy()
-        self._running = False
+        ok, why = persistent_supported(kstep.device)
+        if not ok:
+            raise EngineFailure(f"persistent engine refused: {why}")
+        self.kstep = kstep
+        self.max_inflight = max_inflight
+        self.ring = RequestRing(max_batch, n_requests=max(2, max_inflight))
+        self.max_inflight = self.ring.n_requests
+        # any batch size is served as is: no bucket padding
+        super().__init__(list(range(1, self.ring.max_batch + 1)), sink_slot, stateful=kstep.stateful,
+                         reason=reason)
+        views = [self.ring.request_views(k) for k in range(max_inflight)]
+        self._slots = [v[0] for v in views]  # the loop writes the requests in place
+        self._positions = [v[1] for v in views]
+        self.watchdog_ns = watchdog_ms * 1_000_000
+        self._seq = [0] * max_inflight
+        self._submitted_ns = [0] * max_inflight
+        self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
 
     def start(self) -> None:
-        self.eng.reset_flags()
-        self.eng.start()
-        self._running = True
+        self.kernel.start()
 
     def warm_up(self, rounds: int = 3) -> None:
-        """Start the kernel, answer a few requests per bucket (compile, first-touch), then
-        restart it on zeroed state: the state is only ever reset while no kernel runs (a
-        running kernel could hold stale copies in its multiprocessors' L1)."""
-        torch.cuda.synchronize()  # weights, state and workspace are on the device before the kernel spins
-        self.start()
-        for b in self.bucket_map.buckets:
+        """Compile, start, answer a few requests of several sizes (first touch), then restart on
+        zeroed state: the state is only reset while no kernel runs."""
+        torch.cuda.synchronize()  # weights and state are on the device before the kernel spins
+        self.kernel.precompile()
+        self.kernel.start()
+        for b in sorted({1, 2, self.ring.max_batch // 2 or 1, self.ring.max_batch}):
             for _ in range(rounds):
                 slots, positions = self.request()
                 slots[:b] = self.sink_slot
                 positions[:b] = 0
                 self.step(b)
-        self.close()
+        self.kernel.stop()
         self.reset()
-        self.start()
+        self._head = 0
+        self.kernel.start()
         self.ready = True
 
     def _launch(self, i: int, n: int) -> None:
-        b = self.pad(i, n)
-        slots, positions = self._slots[i], self._positions[i]
-        np.take(self._ring_rows, slots[:b] * self._depth + positions[:b] % self._depth, axis=0,
-                out=self._eng_rows[:b])
-        self._eng_slots[:b] = slots[:b]
-        self._eng_pos[:b] = positions[:b]
-        self.eng.submit(b)
-        self._deadline = time.perf_counter() + self.watchdog_s
+        if self.ring.next_slot != i:  # cold: the ring and the base class's FIFO disagree
+            raise EngineFailure(f"request ring at slot {self.ring.next_slot}, engine at {i}")
+        self._seq[i] = self.ring.submit(n)
+        self._submitted_ns[i] = time.perf_counter_ns()
 
     def _done(self, i: int) -> bool:
-        if self.eng.done():
+        if self.ring.done(self._seq[i]):
             return True
-        if time.perf_counter() > self._deadline:
-            raise EngineFailure(f"persistent kernel did not answer within {self.watchdog_s * 1000:.0f} ms "
-                                "(watchdog): stuck GPU engine")
+        if time.perf_counter_ns() - self._submitted_ns[i] > self.watchdog_ns:
+            raise EngineFailure(f"persistent kernel did not answer request {self._seq[i]} within "
+                                f"{self.watchdog_ns / 1e6:.0f} ms (watchdog): stuck GPU engine")
         return False
 
     def _outputs(self, i: int) -> None:
         n = self._n[i]
-        out = self.eng.out.numpy()
+        out = self.ring.outputs(i)
         self._scores[i][:n] = out[:n, 0]
         self._actions[i][:n] = out[:n, 1]
 
-    def reset_slots(self, slots) -> None:
-        """The running kernel may hold the state in its multiprocessors' L1: stop it, zero the
-        slots, start it again (cold: a Reset on the feed)."""
-        self.close()
-        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.kstep.device)
-        for t in (self.kstep.h, self.kstep.c):
-            t[idx] = 0
-        self.kstep.held[idx] = 0
-        torch.cuda.current_stream(self.kstep.device).synchronize()
-        self.start()
-
     def reset(self) -> None:
         """Zero the model state; only while the kernel is stopped (see warm_up)."""
-        if self._running:
-            raise EngineFailure("reset of a running persistent engine")
-        k = self.kstep
-        k.h.zero_()
-        k.c.zero_()
-        k.held.zero_()
-        torch.cuda.current_stream(k.device).synchronize()
+        self.kernel.reset_state()
+
+    def reset_slots(self, slots) -> None:
+        """A reset request, served in order with the steps (the loop has collected them all)."""
+        from hft_infer.kernels.persistent import KIND_RESET
+
+        slots = list(slots)
+        for start in range(0, len(slots), self.ring.max_batch):
+            chunk = slots[start:start + self.ring.max_batch]
+            k = self.ring.next_slot
+            self._slots[k][: len(chunk)] = chunk
+            seq = self.ring.submit(len(chunk), KIND_RESET)
+            self.ring.wait(seq, self.watchdog_ns / 1e9)
+            self._head = (self._head + 1) % self.max_inflight  # the reset used ring slot k
 
     def close(self) -> None:
-        if self._running:
-            self._running = False
-            self.eng.stop()
+        if self.kernel.running:
+            self.kernel.stop()

@@ -78,18 +78,15 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
         if engine_name == "eager":
             reason = "configured eager"
         return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason, allowance)
-    if conflate:
-        if mode == "on":
-            raise ConfigError("scheduler.conflate = \"on\" is a CPU-engine feature: GPU engines step every row "
-                              "in order (their device state must see each one)")
-        conflate, sequential = False, True
-        depth, allowance = ring_depth(cfg, window, sequential)
-    return _gpu(cfg, model, version, n_slots, depth, device, allowance)
+    return _gpu(cfg, model, version, n_slots, depth, device, allowance, sequential, conflate)
 
 
-def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str, allowance: int) -> Runtime:
-    """Engine `auto`: persistent where it works (window LSTM), else graph, else eager on the CPU.
-    Each candidate is built and warmed up here, so a failure falls through to the next."""
+def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str, allowance: int,
+         sequential: bool, conflate: bool) -> Runtime:
+    """Engine `auto`: persistent where it works, else graph, else eager on the CPU. Each
+    candidate is built and warmed up here, so a failure falls through to the next. The GPU
+    kernels read rows straight from the pinned host feature ring: the MLP, which reads its
+    whole window from it, is stateless on the device and may conflate as on the CPU."""
     from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
 
     store = FeatureStore(n_slots, model.spec.levels, depth, pin_memory=True)
@@ -100,25 +97,25 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
     for name in order:
         if name == "eager":
             reason = "; ".join(refused) or "configured eager"
-            return _eager(cfg, model, version, n_slots, depth, True, False, f"eager on the CPU ({reason})",
-                          allowance, store=store)
-        if name == "persistent" and not (model.spec.kind == "lstm" and cfg.model.mode == "window"):
-            refused.append("persistent: serves window-mode LSTMs only")
-            continue
+            return _eager(cfg, model, version, n_slots, depth, sequential, conflate,
+                          f"eager on the CPU ({reason})", allowance, store=store)
+        kstep = engine = None
         try:
             kstep = KernelStep(model, mode=cfg.model.mode, window_method=cfg.model.window_method,
-                               n_slots=n_slots + 1, ring_depth=depth, max_batch=r.max_bucket,
-                               precision=r.precision, threshold=cfg.decision.threshold,
-                               hysteresis=cfg.decision.hysteresis, device=device)
+                               ring_h=store.tensor, max_batch=r.max_bucket, precision=r.precision,
+                               threshold=cfg.decision.threshold, hysteresis=cfg.decision.hysteresis, device=device)
             why = "; ".join(refused + [f"{name} works here"]) if wanted == "auto" else f"configured {name}"
             if name == "persistent":
-                engine = PersistentEngine(kstep, store, list(r.buckets), reason=why, watchdog_ms=r.watchdog_ms)
+                engine = PersistentEngine(kstep, max_batch=r.max_bucket, sink_slot=store.sink_slot, reason=why,
+                                          watchdog_ms=r.watchdog_ms, max_inflight=max(2, r.max_inflight))
             else:
-                engine = GraphEngine(kstep, store, list(r.buckets), reason=why,
-                                     check_addresses=r.check_graph_addresses)
+                engine = GraphEngine(kstep, list(r.buckets), sink_slot=store.sink_slot, reason=why,
+                                     check_addresses=r.check_graph_addresses, max_inflight=r.max_inflight)
             engine.warm_up()
-            return Runtime(model, version, store, engine, True, False, allowance)
+            return Runtime(model, version, store, engine, sequential, conflate, allowance)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
+            if engine is not None:
+                engine.close()  # a persistent kernel left spinning would hold its SMs
             if wanted != "auto":
                 raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
             refused.append(f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 pytestmark = pytest.mark.gpu
 
@@ -54,6 +53,36 @@ def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
     return np.concatenate(scores), np.concatenate(actions)
 
 
+def _drive_pipelined(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
+    """As _drive, but with as many steps in flight as the engine allows before collecting."""
+    store, eng = rt.store, rt.engine
+    if not eng.ready:
+        eng.warm_up()
+    store.reset()
+    scores, actions = [], []
+    i = 0
+    for b in batches:
+        if not eng.can_submit:
+            sc, ac = eng.finish()
+            scores.append(sc.copy())
+            actions.append(ac.copy())
+        e_slots, e_positions = eng.request()
+        for k in range(b):
+            slot = int(slots_seq[i + k])
+            pos = store.count[slot]
+            store.array[slot, pos % store.depth] = rows[i + k]
+            store.count[slot] = pos + 1
+            e_slots[k] = slot
+            e_positions[k] = pos
+        eng.submit(b)
+        i += b
+    while eng.in_flight:
+        sc, ac = eng.finish()
+        scores.append(sc.copy())
+        actions.append(ac.copy())
+    return np.concatenate(scores), np.concatenate(actions)
+
+
 def _stream(n: int, width: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     rows = (100 + rng.normal(0, 0.05, (n, width))).astype(np.float32)
@@ -69,11 +98,19 @@ def _stream(n: int, width: int, seed: int = 0):
     return rows, np.asarray(slots), batches
 
 
+CASES = [("lstm_a", "window"), ("mlp_small", "window"), ("lstm_a", "stream")]
+
+
+def _agree(s_cpu, a_cpu, s_gpu, a_gpu) -> None:
+    diff = np.abs(s_cpu - s_gpu)
+    assert diff.max() < 1e-4, diff.max()  # fp32 both, different summation order: ~1e-6 seen
+    near = np.abs(np.abs(s_cpu) - 0.2) < 1e-4  # at a threshold a rounding difference may flip the action
+    assert np.array_equal(a_cpu[~near], a_gpu[~near])
+
+
 @pytest.mark.parametrize("engine", ["graph", "persistent"])
-@pytest.mark.parametrize("preset, mode", [("lstm_a", "window"), ("mlp_small", "window"), ("lstm_a", "stream")])
+@pytest.mark.parametrize("preset, mode", CASES)
 def test_gpu_engine_matches_cpu_reference(engine, preset, mode):
-    if engine == "persistent" and not (preset.startswith("lstm") and mode == "window"):
-        pytest.skip("the persistent engine serves window-mode LSTMs")
     cpu = _runtime("eager", preset, mode)
     gpu = _runtime(engine, preset, mode)
     try:
@@ -81,12 +118,62 @@ def test_gpu_engine_matches_cpu_reference(engine, preset, mode):
         rows, slots, batches = _stream(600, cpu.store.width)
         s_cpu, a_cpu = _drive(cpu, rows, slots, batches)
         s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
+        if engine == "persistent":  # its state is zeroed only while the kernel is stopped
+            gpu.engine.kernel.stop()
+            gpu.engine.reset()
+            gpu.engine._head = 0
+            gpu.engine.kernel.start()
+        else:
+            gpu.engine.reset()
+        s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
     finally:
         gpu.engine.close()
-    diff = np.abs(s_cpu - s_gpu)
-    assert diff.max() < 1e-4, diff.max()  # fp32 both, different summation order: ~1e-6 seen
-    near = np.abs(np.abs(s_cpu) - 0.2) < 1e-4  # at a threshold a rounding difference may flip the action
-    assert np.array_equal(a_cpu[~near], a_gpu[~near])
+    _agree(s_cpu, a_cpu, s_gpu, a_gpu)
+    _agree(s_cpu, a_cpu, s_pipe, a_pipe)  # several steps in flight: the same results, in order
+
+
+@pytest.mark.parametrize("engine", ["graph", "persistent"])
+def test_reset_slots_on_the_device_matches_the_cpu(engine):
+    cpu = _runtime("eager", "lstm_a", "stream")
+    gpu = _runtime(engine, "lstm_a", "stream")
+    try:
+        rows, slots, batches = _stream(300, cpu.store.width, seed=3)
+        half = len(batches) // 2
+        n_half = sum(batches[:half])
+        out = []
+        for rt in (cpu, gpu):
+            s1, _ = _drive(rt, rows[:n_half], slots[:n_half], batches[:half])
+            rt.engine.reset_slots([0, 3, 5])
+            for s in (0, 3, 5):  # what the service does with a Reset: the rows start again too
+                rt.store.array[s] = 0
+                rt.store.count[s] = 0
+            s2, a2 = _continue(rt, rows[n_half:], slots[n_half:], batches[half:])
+            out.append((s1, s2, a2))
+    finally:
+        gpu.engine.close()
+    np.testing.assert_allclose(out[0][0], out[1][0], atol=1e-4)
+    np.testing.assert_allclose(out[0][1], out[1][1], atol=1e-4)
+
+
+def _continue(rt, rows, slots_seq, batches):
+    """_drive without the warm-up and store reset: keeps going from the current state."""
+    store, eng = rt.store, rt.engine
+    scores, actions = [], []
+    i = 0
+    for b in batches:
+        e_slots, e_positions = eng.request()
+        for k in range(b):
+            slot = int(slots_seq[i + k])
+            pos = store.count[slot]
+            store.array[slot, pos % store.depth] = rows[i + k]
+            store.count[slot] = pos + 1
+            e_slots[k] = slot
+            e_positions[k] = pos
+        sc, ac = eng.step(b)
+        scores.append(sc.copy())
+        actions.append(ac.copy())
+        i += b
+    return np.concatenate(scores), np.concatenate(actions)
 
 
 def test_graphs_cannot_be_captured_twice():
@@ -106,18 +193,18 @@ def test_persistent_engine_stops_and_its_watchdog_trips():
     slots[:1] = 0
     positions[:1] = 0
     eng.step(1)  # alive
-    eng.close()  # stop flag: the kernel exits
-    ev = torch.cuda.Event()
-    ev.record(eng.eng.stream)
-    ev.synchronize()  # returns only because the kernel ended
-    eng.watchdog_s = 0.2
+    eng.kernel.stop()  # stop flag: the kernel exits (stop() returns only once it has)
+    assert not eng.kernel.running
+    eng.watchdog_ns = 200_000_000
     with pytest.raises(EngineFailure, match="watchdog"):
         eng.step(1)  # nobody answers: a stuck engine is detected, not waited on forever
 
 
-def test_auto_picks_persistent_for_a_window_lstm_and_says_why():
-    rt = _runtime("auto", "lstm_a")
+@pytest.mark.parametrize("preset, mode", CASES)
+def test_auto_picks_persistent_for_every_family_and_says_why(preset, mode):
+    rt = _runtime("auto", preset, mode)
     try:
         assert rt.engine.name == "persistent" and "persistent works here" in rt.engine.reason
+        assert rt.conflate == (preset == "mlp_small")  # the MLP reads its window from the host ring
     finally:
         rt.engine.close()

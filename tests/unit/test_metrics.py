@@ -58,12 +58,37 @@ def test_sparse_wire_form_reconstructs_histogram():
     assert summarize(rebuilt) == summarize(h)
 
 
-def test_sample_buffer_caps_and_resets():
+def test_sample_buffer_keeps_every_sample_and_takes_chunks():
     b = SampleBuffer(4)
     for v in range(6):
         b.add(v)
-    assert b.full and b.take().tolist() == [0, 1, 2, 3]
-    assert b.n == 0 and not b.full
+    assert b.full and b.n == 6  # capacity is a pressure mark: nothing is dropped
+    assert b.take_last(4).tolist() == [2, 3, 4, 5] and b.n == 2
+    b.add_many(np.array([7, 8]))
+    assert b.take().tolist() == [0, 1, 7, 8] and b.n == 0 and not b.full
+
+
+def test_folding_in_chunks_touches_only_the_hit_range_and_matches_record_value():
+    from hdrh.histogram import HdrHistogram
+
+    st = StageHistograms(("a",), capacity=8192)
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(11, 1.5, 20_000).astype(np.int64)
+    st.buffers["a"].add_many(values)
+    assert st.pressure()
+    folded = 0
+    while st.pending():
+        folded += st.fold_some(4096)  # bounded work per call
+    assert folded == values.size
+    ref = HdrHistogram(1, 60_000_000_000, 3)
+    for v in values.tolist():
+        ref.record_value(v)
+    ours = st.cumulative["a"]
+    assert ours.get_total_count() == ref.get_total_count()
+    for p in (50, 90, 99, 99.9):
+        assert ours.get_value_at_percentile(p) == ref.get_value_at_percentile(p)
+    interval = st.take_interval()["a"]
+    assert interval.total == values.size and interval.count.sum() == values.size
 
 
 def test_stage_histograms_fold_accumulates_and_intervals_reset():
