@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import zmq
 
+# The ZAP domain of every CURVE server socket (transport.curve's authenticator answers it).
+ZAP_DOMAIN = b"hft-infer"
+
 
 class EndpointError(RuntimeError):
     """An endpoint that cannot or must not be used; the message is one line."""
@@ -246,7 +249,7 @@ def _apply_curve(sock: zmq.Socket, curve: CurveServer | CurveClient | None) -> N
         sock.curve_server = True
         # Fail closed: with a ZAP domain and enforcement, handshakes are refused when no
         # ZAP authenticator runs (libzmq otherwise admits any client that knows our public key).
-        sock.zap_domain = b"hft-infer"
+        sock.zap_domain = ZAP_DOMAIN
         sock.zap_enforce_domain = True
     else:
         sock.curve_serverkey = curve.server_public_key
