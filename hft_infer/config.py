@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import tomli_w
 from msgspec import Meta
 
+from hft_infer.config_errors import Overrides, config_error, msgspec_problem, struct_problem
 from hft_infer.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "load_config", "expand_endpoint", "runtime_dir"]
@@ -305,23 +307,6 @@ def expand_endpoint(template: str, cfg: Config) -> str:
     return template.format(runtime_dir=runtime_dir(), name=cfg.service.name)
 
 
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?(.*)`)?$")
-_AT = re.compile(r"^(.*) - at `\$\.?(.*)`$")
-
-
-def _one_line(source: str, err: Exception) -> str:
-    msg = str(err).replace("\n", " ")
-    m = _UNKNOWN.match(msg)
-    if m:
-        path = f"{m.group(2)}.{m.group(1)}" if m.group(2) else m.group(1)
-        return f"{source}: {path}: unknown field"
-    m = _AT.match(msg)
-    if m:
-        path = m.group(2) or "(top level)"
-        return f"{source}: {path}: {m.group(1)}"
-    return f"{source}: {msg}"
-
-
 def _parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
@@ -333,15 +318,17 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+def apply_overrides(raw: dict, overrides: list[str], record: Overrides | None = None) -> dict:
     for item in overrides:
         path, value = _parse_override(item)
         node = raw
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part} is not a section")
+                raise ConfigError(f"--set {item}: {part} is not a section")
         node[path[-1]] = value
+        if record is not None:
+            record.add(path, item)
     return raw
 
 
@@ -370,11 +357,15 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: TOML syntax: {e}") from None
-    raw = apply_overrides(raw, list(overrides))
+    applied = Overrides()
+    raw = apply_overrides(raw, list(overrides), applied)
+    problem = struct_problem(raw, Config)  # unknown keys, values outside a Literal: from Config's types
+    if problem is not None:
+        raise config_error(source, applied, problem)
     try:
         return msgspec.convert(raw, type=Config)
-    except msgspec.ValidationError as e:
-        raise ConfigError(_one_line(source, e)) from None
+    except msgspec.ValidationError as e:  # ranges, types, __post_init__ checks
+        raise config_error(source, applied, msgspec_problem(e, raw)) from None
 
 
 def to_toml_dict(cfg: Config) -> dict:
@@ -382,29 +373,6 @@ def to_toml_dict(cfg: Config) -> dict:
     return msgspec.to_builtins(cfg)
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-
-def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) and not k.isdigit() else _toml_value(k)
-
-
 def dump_toml(cfg: Config) -> str:
     """The resolved config as TOML (round-trips through load_config)."""
-    out = []
-    for section, values in to_toml_dict(cfg).items():
-        out.append(f"[{section}]")
-        out.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items())
-        out.append("")
-    return "\n".join(out)
+    return tomli_w.dumps(to_toml_dict(cfg))

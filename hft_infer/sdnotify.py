@@ -13,7 +13,9 @@ handshake is needed. The service sends:
   restarts it (`WatchdogSec=`, `Restart=on-failure`);
 - `STOPPING=1` when SIGTERM arrives, while it drains;
 - `STATUS=...` free text, shown by `systemctl status`;
-- `EXTEND_TIMEOUT_USEC=...` during a long start (first Triton compile).
+- `EXTEND_TIMEOUT_USEC=...` before warm-up and graph capture (a cold Triton
+  compile can take minutes): `serve` asks for `service.start_timeout_s`
+  more, counted from then, so a slow first start is not killed as hung.
 
 Sends are non-blocking and never raise: the socket is `O_NONBLOCK`, so a full
 receive queue (systemd busy) drops the datagram and counts it rather than
@@ -100,10 +102,6 @@ class Notifier:
     def extend_timeout(self, seconds: float) -> bool:
         """Ask for `seconds` more before systemd times out the current start or stop."""
         return self.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
-
-    def watchdog_trigger(self) -> bool:
-        """Report a failure now (systemd acts as on a missed ping)."""
-        return self.notify("WATCHDOG=trigger")
 
     def close(self) -> None:
         if self._sock is not None:

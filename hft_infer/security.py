@@ -22,6 +22,7 @@ import os
 import stat
 from pathlib import Path
 
+from hft_infer.config import expand_endpoint
 from hft_infer.errors import ConfigError
 from hft_infer.transport.curve import (
     CurveKeyError,
@@ -30,7 +31,7 @@ from hft_infer.transport.curve import (
     load_client_keys,
     load_server_keys,
 )
-from hft_infer.transport.sockets import EndpointError, is_local_endpoint
+from hft_infer.transport.sockets import EndpointError, is_local_endpoint, parse_endpoint
 
 
 def _config_error(msg: str) -> Exception:
@@ -114,11 +115,30 @@ def start_authenticator(ctx, cfg):
         raise _config_error(f"security.curve_authorized_dir: {e}") from None
 
 
+def config_endpoints(cfg) -> list[tuple[str, str, bool]]:
+    """(field, endpoint with {runtime_dir} and {name} filled in, binds?) of every socket `serve` opens."""
+    return [("ingest.endpoint", expand_endpoint(cfg.ingest.endpoint, cfg), cfg.ingest.bind),
+            ("egress.endpoint", expand_endpoint(cfg.egress.endpoint, cfg), cfg.egress.bind),
+            # the service connects its PUSH; the control process binds
+            ("metrics.control_endpoint", expand_endpoint(cfg.metrics.control_endpoint, cfg), False)]
+
+
+def check_endpoints(cfg) -> None:
+    """ConfigError naming the field for an endpoint that `serve` could not open (malformed)."""
+    for name, endpoint, binds in config_endpoints(cfg):
+        try:
+            parse_endpoint(endpoint, bind=binds)
+        except EndpointError as e:
+            raise _config_error(f"{name}: {e}") from None
+
+
 def check_security(cfg) -> list[str]:
-    """Pre-flight at start: raise ConfigError for a configuration the policy refuses;
-    return warnings for risky-but-allowed ones (log them in the start-up block)."""
+    """Pre-flight at start: raise ConfigError for a configuration `serve` refuses (a malformed
+    endpoint, a non-loopback one without CURVE or allow_remote, CURVE without an authorized
+    directory, a remote dashboard); return warnings for risky-but-allowed ones."""
     sec = cfg.security
     warnings: list[str] = []
+    check_endpoints(cfg)
     remote = [(name, ep) for name, ep in (("ingest.endpoint", cfg.ingest.endpoint),
                                           ("egress.endpoint", cfg.egress.endpoint))
               if not _is_local(ep)]
@@ -136,6 +156,13 @@ def check_security(cfg) -> list[str]:
         keys = _load("security.curve_authorized_dir", load_authorized_keys, sec.curve_authorized_dir)
         if not keys:
             warnings.append(f"{sec.curve_authorized_dir}: no client keys (*.key): every CURVE client is denied")
+    control = cfg.metrics.control_endpoint
+    if not _is_local(control):  # the control channel is never encrypted (sockets.check_endpoint in the service)
+        if not sec.allow_remote:
+            raise _config_error(f"metrics.control_endpoint {control} is not loopback: the control channel has no "
+                                "CURVE; keep it on ipc:// or 127.0.0.1, or set security.allow_remote = true")
+        warnings.append(f"metrics.control_endpoint {control}: no CURVE (security.allow_remote): counters and "
+                        "histograms in clear")
     host = cfg.control.host
     if cfg.control.enabled and not is_local_endpoint(f"tcp://{host}:0"):
         if not sec.allow_remote:

@@ -33,10 +33,6 @@ def event_dtype(levels: int) -> np.dtype:
     ])
 
 
-def levels_of(events: np.ndarray) -> int:
-    return events.dtype["book"].shape[0]
-
-
 def empty_events(n: int, levels: int) -> np.ndarray:
     ev = np.zeros(n, dtype=event_dtype(levels))
     ev["priority"] = -1

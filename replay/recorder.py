@@ -15,6 +15,12 @@ see that). Non-loopback endpoints are refused unless `allow_remote`.
 Stops on `duration_s`, `max_events`, SIGINT/SIGTERM (the handlers only set a
 flag; the loop notices within `_POLL_CAP_MS`), or a caller's `stop` event;
 in every case the pending records are flushed and the trailer is written.
+A feed that stays silent for `silence_s` is reported once (`on_silence`):
+a SUB connected to the wrong endpoint records nothing and sees no error.
+
+A start that fails (an endpoint in use, malformed, a failed bind) raises at
+once: the context the recorder made is destroyed with linger 0, so the
+socket of a failed bind cannot keep Context.term() waiting forever.
 """
 
 from __future__ import annotations
@@ -60,13 +66,15 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
            flush_records: int = FLUSH_RECORDS, flush_ms: float = FLUSH_MS, fsync: bool = False,
            overwrite: bool = False, append: bool = False, ctx: zmq.Context | None = None,
            stop: threading.Event | None = None, on_ready: Callable[[str], None] | None = None,
-           handle_signals: bool = True) -> RecordResult:
+           handle_signals: bool = True, on_silence: Callable[[float], None] | None = None,
+           silence_s: float = 5.0) -> RecordResult:
     """Subscribe to `endpoint` (SUB to everything by default, or PULL) and record every message.
 
     topics: SUB prefix filters (e.g. `topic_for(7)`); None records everything.
     on_ready(resolved_endpoint) is called once the socket is connected (or
     bound) and the file is created. handle_signals installs SIGINT/SIGTERM
-    handlers while recording (main thread only).
+    handlers while recording (main thread only). on_silence(seconds) is called
+    once if no message has arrived `silence_s` after the socket was ready.
     """
     if duration_s is not None and duration_s <= 0:
         raise ValueError("duration_s must be positive")
@@ -100,7 +108,8 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
             if on_ready is not None:
                 on_ready(resolved)
             t0 = time.monotonic_ns()
-            stopped_by = _loop(sock, writer, t0, duration_s, max_events, stopped, stop)
+            silence = (int(silence_s * 1e9), on_silence) if on_silence is not None else None
+            stopped_by = _loop(sock, writer, t0, duration_s, max_events, stopped, stop, silence)
             t1 = time.monotonic_ns()
         finally:
             try:
@@ -111,7 +120,8 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
         for s, h in old_handlers.items():
             signal.signal(s, h)
         if own_ctx:
-            ctx.term()
+            # linger 0 and every socket closed, even one open_ingest made but failed to bind
+            ctx.destroy(linger=0)
     path = Path(out_path)
     return RecordResult(path, resolved, writer.records, writer.records - before, writer.frames,
                         writer.frame_bytes, writer.blocks, path.stat().st_size, (t1 - t0) / 1e9, stopped_by,
@@ -137,8 +147,10 @@ def _backend_method(sock: zmq.Socket, name: str):
 
 
 def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
-          stopped: list[str], stop: threading.Event | None) -> str:
+          stopped: list[str], stop: threading.Event | None,
+          silence: tuple[int, Callable[[float], None]] | None = None) -> str:
     deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
+    silence_at = t0 + silence[0] if silence is not None else None
     limit = max_events if max_events is not None else -1
     n = 0
     # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
@@ -154,6 +166,10 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
         mono = monotonic_ns()
         if deadline is not None and mono >= deadline:
             return "duration"
+        if silence_at is not None and mono >= silence_at:
+            silence_at = None  # once: a quiet feed is worth one line, not one per poll
+            if n == 0:
+                silence[1]((mono - t0) / 1e9)
         writer.flush_if_due(mono)
         timeout_ms = _POLL_CAP_MS
         if deadline is not None:

@@ -35,7 +35,6 @@ whole capture, to show whether the recorder keeps up with a replay.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ import time
 
 import numpy as np
 import zmq
+from benchlib import table, write_json
 
 from hft_infer.replay.capture import CaptureWriter, capture_info, read_capture
 from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, empty_events, encode_frames
@@ -292,14 +292,10 @@ def main() -> int:
     print(f"read capture:  {result['read_records_per_s']:,.0f} records/s "
           f"(+ {result['build_send_lists_s']:.2f} s to build the send lists)")
     print()
-    print(f"{'variant':<14} {'subscriber':<11} {'median msgs/s':>14} {'min':>11} {'best':>11}  "
-          f">= {TARGET:,} (median)")
-    for r in rows:
-        ok = "yes" if r["msgs_per_s"] >= TARGET else "no"
-        sub = "yes" if r["subscriber"] else "no"
-        extra = "" if r["received_all"] is None else ("; all received" if r["received_all"] else "; LOSS")
-        print(f"{r['variant']:<14} {sub:<11} {r['msgs_per_s']:>14,.0f} {r['min']:>11,.0f} {r['best']:>11,.0f}"
-              f"  {ok}{extra}")
+    print(table(["variant", "subscriber", "median msgs/s", "min", "best", f">= {TARGET:,} (median)", "received"],
+                [[r["variant"], r["subscriber"], f"{r['msgs_per_s']:,.0f}", f"{r['min']:,.0f}", f"{r['best']:,.0f}",
+                  r["msgs_per_s"] >= TARGET,
+                  "-" if r["received_all"] is None else ("all" if r["received_all"] else "LOSS")] for r in rows]))
     if "record" in result:
         r = result["record"]
         print(f"\nhft-infer record (other cores) of a direct publish: recorded {r['recorded']:,} of "
@@ -308,8 +304,7 @@ def main() -> int:
     print(f"\nload average at the end: {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {result['host_cpus']} cpus "
           "(other processes share these cores: compare medians run side by side, not across runs)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
     return 0
 
 

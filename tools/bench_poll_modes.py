@@ -14,8 +14,9 @@ default mode.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from benchlib import table, write_json
 
 from hft_infer.app.cli import build_parser
 
@@ -41,23 +42,19 @@ def main() -> int:
                          "stages": out["stages"], "tick_to_decision": out["tick_to_decision"],
                          "accounting": out["accounting"], "pacer_lateness": out["pacer_lateness"]})
             print(f"done {mode} @ {rate}", file=sys.stderr, flush=True)
-    print(f"{'rate':>7s} {'mode':7s} {'achieved':>9s} {'service p50':>11s} {'p99':>8s} {'p99.9':>8s} "
-          f"{'tick p50':>9s} {'p99':>8s} {'p99.9':>8s} {'tick p99 vs hybrid':>18s} {'decided':>8s} "
-          f"{'conflated':>9s} {'shed':>5s} {'lost':>4s}")
+    table_rows = []
     for r in rows:
         sv, tk, acc = r["stages"]["service"], r["tick_to_decision"], r["accounting"]
-        hyb = next(x for x in rows if x["rate"] == r["rate"] and x["mode"] == "hybrid")["tick_to_decision"]["p99_us"]
-
-        def f(x):
-            return f"{x:8.0f}" if x is not None else f"{'-':>8s}"
-
-        print(f"{r['rate']:7.0f} {r['mode']:7s} {r['rate_achieved']:9.0f} {f(sv['p50_us']):>11s} {f(sv['p99_us'])} "
-              f"{f(sv['p999_us'])} {f(tk['p50_us']):>9s} {f(tk['p99_us'])} {f(tk['p999_us'])} "
-              f"{(tk['p99_us'] / hyb if hyb and tk['p99_us'] else float('nan')):17.2f}x {acc['decided']:8d} "
-              f"{acc['conflated']:9d} {acc['shed']:5d} {acc['lost']:4d}")
+        hyb = next((x for x in rows if x["rate"] == r["rate"] and x["mode"] == "hybrid"), None)
+        hyb_p99 = hyb["tick_to_decision"]["p99_us"] if hyb else None
+        vs = f"{tk['p99_us'] / hyb_p99:.2f}x" if hyb_p99 and tk["p99_us"] else None
+        table_rows.append([r["rate"], r["mode"], r["rate_achieved"], sv["p50_us"], sv["p99_us"], sv["p999_us"],
+                           tk["p50_us"], tk["p99_us"], tk["p999_us"], vs, acc["decided"], acc["conflated"],
+                           acc["shed"], acc["lost"]])
+    print(table(["rate", "mode", "achieved/s", "service p50 µs", "p99", "p99.9", "tick p50 µs", "p99", "p99.9",
+                 "tick p99 vs hybrid", "decided", "conflated", "shed", "lost"], table_rows, digits=0))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(a.json, {"rows": rows})
     return 0
 
 

@@ -29,6 +29,7 @@ import time
 import msgspec
 import numpy as np
 import zmq
+from benchlib import table, write_json
 
 from hft_infer.transport.codec import IngressDecoder, book_array, encode, pack_book, validate_quote
 from hft_infer.transport.schema import Quote
@@ -134,21 +135,24 @@ def main() -> None:
     ap.add_argument("--levels", type=int, default=10)
     ap.add_argument("--n", type=int, default=200_000, help="decodes per repetition")
     ap.add_argument("--frames", type=int, default=100_000, help="frames per receive repetition")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures, with the run's provenance, here")
     args = ap.parse_args()
 
     rows = bench_decode(args.levels, args.n)
     base = rows[0][1]
-    print(f"Decode of one {args.levels}-level Quote to float32 levels (median ns/message)")
-    print(f"{'design':32s} {'ns/msg':>9s} {'bytes':>6s} {'vs ours':>8s}")
-    for name, ns, size in rows:
-        print(f"{name:32s} {ns:9.0f} {size:6d} {ns / base:7.2f}x")
+    print(table(["design", "ns/msg", "bytes", "vs ours"],
+                [[name, round(ns), size, f"{ns / base:.2f}x"] for name, ns, size in rows],
+                title=f"Decode of one {args.levels}-level Quote to float32 levels (median ns/message)"))
     print()
     recv = bench_recv(args.frames)
-    base = recv[-1][1]
-    print("Receive of a 200-byte frame over ipc:// (median ns/frame, queue pre-filled)")
-    print(f"{'API':32s} {'ns/frame':>9s} {'vs recv_into':>12s}")
-    for name, ns in recv:
-        print(f"{name:32s} {ns:9.0f} {ns / base:11.2f}x")
+    recv_base = recv[-1][1]
+    print(table(["API", "ns/frame", "vs recv_into"], [[name, round(ns), f"{ns / recv_base:.2f}x"] for name, ns in recv],
+                title="Receive of a 200-byte frame over ipc:// (median ns/frame, queue pre-filled)"))
+    if args.json:
+        write_json(args.json, {
+            "decode": [{"design": name, "ns_per_msg": ns, "bytes": size, "vs_ours": ns / base}
+                       for name, ns, size in rows],
+            "recv": [{"api": name, "ns_per_frame": ns, "vs_recv_into": ns / recv_base} for name, ns in recv]})
 
 
 if __name__ == "__main__":

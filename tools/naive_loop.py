@@ -27,10 +27,10 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
+from benchlib import cell, table, write_json
 
 from hft_infer.app.cli import build_parser
 from hft_infer.clock import perf_ns
@@ -184,10 +184,6 @@ def compare(a: argparse.Namespace) -> int:
         print(_fmt(rows[-1]), file=sys.stderr, flush=True)
     naive_ok = [r for r in rows if r["impl"] == "naive" and r["sustained"]]
     hft_ok = [r for r in rows if r["impl"] == "hft-infer" and r["sustained"]]
-    print(f"\n{'impl':10s} {'offered/s':>10s} {'achieved/s':>10s} {'p50 µs':>10s} {'p99 µs':>10s} {'p99.9 µs':>10s} "
-          f"{'max µs':>10s} {'lost':>7s} sustained")
-    for r in rows:
-        print(_fmt(r))
     summary = {"rows": rows}
     if naive_ok:
         best = max(naive_ok, key=lambda r: r["rate"])
@@ -199,23 +195,31 @@ def compare(a: argparse.Namespace) -> int:
         top = max((r["rate"] for r in hft_ok), default=0.0)
         summary |= {"naive_max_sustained_rate": best["rate"], "p99_ratio_at_that_rate": ratio,
                     "hft_max_sustained_rate_tried": top, "rate_ratio": top / best["rate"]}
+        print(_table(rows))
         print(f"\nnaive sustains {best['rate']:g}/s; at that rate hft-infer's p99 tick-to-decision is "
               f"{ratio:.1f}x lower; hft-infer sustained up to {top:g}/s tried = {top / best['rate']:.0f}x the rate")
     else:
+        print(_table(rows))
         print("\nthe naive loop sustained none of the rates tried")
     if a.json:
-        Path(a.json).write_text(json.dumps(summary, indent=2))
+        write_json(a.json, summary)
     return 0
 
 
+def _table(rows: list[dict]) -> str:
+    return "\n" + table(["impl", "offered/s", "achieved/s", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "lost",
+                         "sustained"],
+                        [[r["impl"], r["rate"], r["rate_achieved"], *(r["tick_to_decision"][k] for k in
+                          ("p50_us", "p99_us", "p999_us", "max_us")), r["lost"], r["sustained"]] for r in rows],
+                        digits=0)
+
+
 def _fmt(r: dict) -> str:
+    """One progress line on stderr while the comparison runs."""
     s = r["tick_to_decision"]
-
-    def f(x):
-        return f"{x:10.0f}" if x is not None else f"{'-':>10s}"
-
-    return (f"{r['impl']:10s} {r['rate']:10.0f} {r['rate_achieved']:10.0f} {f(s['p50_us'])} {f(s['p99_us'])} "
-            f"{f(s['p999_us'])} {f(s['max_us'])} {r['lost']:7d} {'yes' if r['sustained'] else 'no'}")
+    return (f"{r['impl']} @ {r['rate']:g}/s: achieved {r['rate_achieved']:.0f}/s, tick-to-decision p50 "
+            f"{cell(s['p50_us'], 0)} / p99 {cell(s['p99_us'], 0)} µs, lost {r['lost']}, "
+            f"{'sustained' if r['sustained'] else 'not sustained'}")
 
 
 def main() -> int:

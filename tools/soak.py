@@ -14,9 +14,10 @@ Not part of CI (it takes --minutes).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
+
+from benchlib import percentile_table, table, write_json
 
 from hft_infer.app.cli import build_parser
 from hft_infer.metrics import add_sparse, from_wire, new_histogram
@@ -55,12 +56,18 @@ def main() -> int:
         "service_p999_us_per_minute": p999, "p999_max_over_median": (max(p999.values()) / med) if med else None,
         "tick_to_decision": out["tick_to_decision"], "stages": out["stages"], "run_dir": out["run_dir"],
     }
-    print(json.dumps(result, indent=2))
+    print(percentile_table(out["stages"] | {"tick_to_decision": out["tick_to_decision"]},
+                           title=f"soak: {a.minutes:g} min at {a.rate:g}/s (achieved {out['rate_achieved']:.0f}/s)"))
+    print()
+    print(table(["minute", "service p99.9 µs"], [[m, v] for m, v in p999.items()],
+                title="service p99.9 per minute"))
+    print(f"\nRSS {result['rss_mb_start']:.1f} MB after the first minute -> {result['rss_mb_end']:.1f} MB at the end; "
+          f"accounting: " + ", ".join(f"{k}={v}" for k, v in out["accounting"].items()))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(a.json, result)
     ok = out["accounting"]["lost"] == 0 and rss_growth is not None and rss_growth < 2.0
-    print(f"soak: {'PASS' if ok else 'FAIL'}: lost={out['accounting']['lost']}, RSS growth {rss_growth:.2f} %, "
+    growth = f"{rss_growth:.2f} %" if rss_growth is not None else "unknown"
+    print(f"soak: {'PASS' if ok else 'FAIL'}: lost={out['accounting']['lost']}, RSS growth {growth}, "
           f"p99.9 max/median {result['p999_max_over_median']}", file=sys.stderr)
     return 0 if ok else 1
 

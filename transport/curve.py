@@ -1,18 +1,30 @@
-"""CURVE keys and a ZAP authenticator (CurveZMQ: encryption + client authentication).
+"""CURVE keys and the ZAP authenticator (CurveZMQ: encryption + client authentication).
 
-Key files use ZeroMQ's certificate format (the one `zmq.auth` and czmq's
-zcert read and write): `NAME.key` holds the public key, `NAME.key_secret` the
-public and secret keys. The secret file is created mode 0600 with O_EXCL, so
-it is never readable by others, not even for a moment, and never overwritten.
+Key files use ZeroMQ's certificate format: `NAME.key` holds the public key,
+`NAME.key_secret` the public and secret keys. They are read with
+`zmq.auth.load_certificate` and the ZAP handler is pyzmq's
+`zmq.auth.thread.ThreadAuthenticator`. What stays hand-written, and why:
+
+- writing key files: `zmq.auth.create_certificates` overwrites existing files
+  and creates the secret one with the umask's mode (world-readable until a
+  chmod); ours is created 0600 with O_EXCL, never readable by others, not
+  even for a moment, and never overwritten;
+- checking what is read: `load_certificate` takes any text after
+  `public-key =`; a key must be 40 Z85 characters and a secret key must
+  belong to its public key, or the error would surface as a failed
+  handshake much later;
+- which clients are admitted: `configure_curve` loads a directory once and
+  fails on one malformed file; our credentials provider re-reads the
+  directory when it changes (adding or removing a client key needs no
+  restart; removal denies new handshakes, connections made stay up), skips a
+  malformed file with a warning instead of locking everyone out, and logs and
+  counts each denial with the client's key and address.
 
 CURVE alone encrypts and proves the server's identity to clients; it does not
 decide which clients may connect: without a ZAP handler, libzmq admits any
-client that knows the server's public key (which is public). The
-`ZapAuthenticator` below answers libzmq's ZAP requests (RFC 27,
-inproc://zeromq.zap.01) for one context, admitting only CURVE clients whose
-public key is in an authorized directory of `*.key` files. The directory is
-re-read when it changes, so adding or removing a client key needs no
-restart (removal denies new handshakes; connections already made stay up).
+client that knows the server's public key (which is public). Our server
+sockets therefore set a ZAP domain with enforcement (`sockets._apply_curve`),
+so that without the authenticator no CURVE client is admitted at all.
 
 The handler thread runs Python only during handshakes (never per message):
 it takes the GIL briefly when a client connects.
@@ -26,20 +38,20 @@ import datetime
 import logging
 import os
 import re
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from .sockets import CurveClient, CurveServer
+from .sockets import ZAP_DOMAIN, CurveClient, CurveServer
 
 log = logging.getLogger("hft_infer.transport.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _Z85_KEY = re.compile(rb"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
-_KEY_LINE = re.compile(rb"^\s*(public-key|secret-key)\s*=\s*[\"']?([^\"'\s]*)[\"']?\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -89,20 +101,15 @@ def write_keypair(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:
 
 def read_key_file(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
     """(public key, secret key or None) as Z85 bytes; CurveKeyError if unusable."""
+    p = Path(path)
+    if not p.exists():
+        raise CurveKeyError(f"{path}: no such key file")
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise CurveKeyError(f"{path}: no such key file") from None
+        public, secret = zmq.auth.load_certificate(p)
+    except ValueError:
+        raise CurveKeyError(f"{path}: no public-key line (not a ZeroMQ certificate)") from None
     except OSError as e:
-        raise CurveKeyError(f"{path}: cannot read: {e.strerror}") from None
-    keys: dict[bytes, bytes] = {}
-    for line in data.splitlines():
-        m = _KEY_LINE.match(line)
-        if m:
-            keys[m.group(1)] = m.group(2)
-    public, secret = keys.get(b"public-key"), keys.get(b"secret-key")
-    if public is None:
-        raise CurveKeyError(f"{path}: no public-key line (not a ZeroMQ certificate)")
+        raise CurveKeyError(f"{path}: cannot read: {e.strerror or e}") from None
     for what, key in (("public", public), ("secret", secret)):
         if key is not None and not _Z85_KEY.match(key):
             raise CurveKeyError(f"{path}: {what} key is not 40 Z85 characters")
@@ -166,105 +173,66 @@ class ZapStats:
     keys: int = 0
 
 
-@dataclass
-class ZapAuthenticator:
-    """ZAP handler for one context: CURVE clients must be listed in `authorized_dir`.
+class ZapAuthenticator(ThreadAuthenticator):
+    """pyzmq's ZAP thread for one context, admitting the CURVE clients listed in `authorized_dir`.
 
-    NULL-mechanism requests (plain ipc/loopback sockets of the same context,
-    which libzmq only sends when a socket sets ZAP_DOMAIN) are admitted: a
-    CURVE server socket never accepts a NULL peer (the mechanisms must match),
-    so this does not weaken it. PLAIN and GSSAPI are refused.
+    This object is its own credentials provider (`configure_curve_callback`,
+    for our sockets' ZAP domain). NULL requests (plain sockets of the same
+    context, which libzmq only sends when a socket sets a ZAP domain) are
+    admitted, as zmq.auth does: a CURVE server socket never accepts a NULL
+    peer (the mechanisms must match), so this does not weaken it. PLAIN is
+    denied (no passwords are configured); none of our sockets uses GSSAPI.
     """
 
-    ctx: zmq.Context
-    authorized_dir: str
-    stats: ZapStats = field(default_factory=ZapStats)
-    _thread: threading.Thread | None = None
-    _stop_w: zmq.Socket | None = None
+    def __init__(self, ctx: zmq.Context, authorized_dir: str) -> None:
+        super().__init__(ctx, log=log)
+        self.authorized_dir = authorized_dir
+        self.stats = ZapStats()
+        self._keys: dict[bytes, str] = {}
+        self._signature: tuple = ()
+        self._peer = ""  # address of the request being answered (the handler thread's only)
 
     def start(self) -> ZapAuthenticator:
-        # Bind in the caller's thread: once start() returns, handshakes find the handler.
-        keys = load_authorized_keys(self.authorized_dir)
-        self.stats.keys = len(keys)
-        rep = self.ctx.socket(zmq.REP)
-        rep.linger = 0
+        """Load the keys and bind the ZAP endpoint in the caller's thread: once this returns,
+        handshakes find the handler. CurveKeyError (one line) if either fails."""
+        self._signature = _dir_signature(Path(self.authorized_dir))
+        self._keys = load_authorized_keys(self.authorized_dir)
+        self.stats.keys = len(self._keys)
         try:
-            rep.bind(ZAP_ENDPOINT)
+            super().start()
         except zmq.ZMQError as e:
-            rep.close()
+            self.stop()
             raise CurveKeyError(f"cannot start ZAP authenticator: {ZAP_ENDPOINT}: {e.strerror} "
                                 "(one authenticator per context)") from None
-        addr = f"inproc://hft-infer-zap-stop-{id(self)}"
-        stop_r = self.ctx.socket(zmq.PAIR)
-        stop_r.bind(addr)
-        self._stop_w = self.ctx.socket(zmq.PAIR)
-        self._stop_w.linger = 0
-        self._stop_w.connect(addr)
-        self._thread = threading.Thread(target=self._run, args=(rep, stop_r, keys),
-                                        name="hft-infer-zap", daemon=True)
-        self._thread.start()
+        self.configure_curve_callback(ZAP_DOMAIN.decode(), self)
         return self
 
-    def _run(self, rep: zmq.Socket, stop_r: zmq.Socket, keys: dict[bytes, str]) -> None:
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._peer = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
+        await super().handle_zap_message(msg)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """The credentials provider: is this Z85 client key authorized? Re-reads the
+        directory first if a key file was added, removed or edited."""
         directory = Path(self.authorized_dir)
-        signature = _dir_signature(directory)
-        poller = zmq.Poller()
-        poller.register(rep, zmq.POLLIN)
-        poller.register(stop_r, zmq.POLLIN)
-        try:
-            while True:
-                events = dict(poller.poll())
-                if stop_r in events:
-                    return
-                if rep not in events:
-                    continue
-                msg = rep.recv_multipart()
-                now = _dir_signature(directory)
-                if now != signature:  # a key was added, removed or edited
-                    signature = now
-                    try:
-                        keys = load_authorized_keys(directory)
-                    except CurveKeyError as e:
-                        log.warning("%s; denying all CURVE clients until it is back", e)
-                        keys = {}
-                    self.stats.keys = len(keys)
-                try:
-                    reply = self._answer(msg, keys)
-                except Exception:  # noqa: BLE001 - fail closed, keep serving
-                    log.exception("ZAP: error answering a request; denied")
-                    reply = [b"1.0", msg[1] if len(msg) > 1 else b"", b"500", b"internal error", b"", b""]
-                rep.send_multipart(reply)
-        finally:
-            rep.close(linger=0)
-            stop_r.close(linger=0)
-
-    def _answer(self, msg: list[bytes], keys: dict[bytes, str]) -> list[bytes]:
-        if len(msg) < 6 or msg[0] != b"1.0":
-            request_id = msg[1] if len(msg) > 1 else b""
-            return [b"1.0", request_id, b"400", b"bad ZAP request", b"", b""]
-        _version, request_id, _domain, address, _identity, mechanism = msg[:6]
-        if mechanism == b"NULL":
-            return [b"1.0", request_id, b"200", b"OK", b"", b""]
-        if mechanism == b"CURVE" and len(msg) == 7 and len(msg[6]) == 32:
-            key = z85.encode(msg[6])
-            name = keys.get(key)
-            if name is not None:
-                self.stats.admitted += 1
-                return [b"1.0", request_id, b"200", b"OK", name.encode(), b""]
-            self.stats.denied += 1
-            self.stats.last_denied = f"{key.decode()} from {address.decode(errors='replace')}"
-            # at most one line per denial; handshakes are rare, not per message
-            log.warning("ZAP: denied CURVE client %s (not in %s)", self.stats.last_denied, self.authorized_dir)
-            return [b"1.0", request_id, b"400", b"client key not authorized", b"", b""]
+        now = _dir_signature(directory)
+        if now != self._signature:
+            self._signature = now
+            try:
+                self._keys = load_authorized_keys(directory)
+            except CurveKeyError as e:
+                log.warning("%s; denying all CURVE clients until it is back", e)
+                self._keys = {}
+            self.stats.keys = len(self._keys)
+        if key in self._keys:
+            self.stats.admitted += 1
+            return True
         self.stats.denied += 1
-        return [b"1.0", request_id, b"400", b"mechanism not allowed", b"", b""]
+        self.stats.last_denied = f"{key.decode()} from {self._peer}"
+        # at most one line per denial; handshakes are rare, not per message
+        log.warning("ZAP: denied CURVE client %s (not in %s)", self.stats.last_denied, self.authorized_dir)
+        return False
 
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        assert self._stop_w is not None
-        self._stop_w.send(b"")
-        self._thread.join()
-        self._stop_w.close(linger=0)
-        self._thread = None
-        self._stop_w = None
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        """The User-Id libzmq attaches to the client's messages: its key file's name."""
+        return self._keys.get(z85.encode(client_public_key), "")

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import zmq
 
+# The ZAP domain of every CURVE server socket (transport.curve's authenticator answers it).
+ZAP_DOMAIN = b"hft-infer"
+
 
 class EndpointError(RuntimeError):
     """An endpoint that cannot or must not be used; the message is one line."""
@@ -38,28 +41,113 @@ class CurveClient:
     server_public_key: bytes
 
 
-def is_local_endpoint(endpoint: str) -> bool:
-    """True for ipc://, inproc:// and tcp:// on a loopback address or localhost."""
+# Transports libzmq knows (some only in builds with them enabled); anything else is a typo.
+TRANSPORTS = ("tcp", "ipc", "inproc", "pgm", "epgm", "udp", "ws", "wss", "norm", "vmci", "tipc")
+# sockaddr_un.sun_path is 108 bytes on Linux, the terminating NUL included: a longer
+# ipc path fails in libzmq with ENAMETOOLONG only when the socket binds or connects.
+IPC_PATH_MAX = 107
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed endpoint. tcp: `host` (brackets removed), `port` (digits or "*"), `source`
+    (the "source;destination" form's source, as written); ipc/inproc: `path`; other
+    transports: `host` holds the rest, which only libzmq parses."""
+
+    scheme: str
+    host: str = ""
+    port: str = ""
+    path: str = ""
+    source: str = ""
+
+
+def _split_host_port(endpoint: str, text: str, *, what: str) -> tuple[str, str]:
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise EndpointError(f"endpoint {endpoint!r}: {what} has an unclosed '[' (tcp://[ADDR]:PORT)")
+        host, tail = text[1:close], text[close + 1:]
+        if not tail.startswith(":"):
+            raise EndpointError(f"endpoint {endpoint!r}: no port (tcp://[ADDR]:PORT)")
+        port = tail[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise EndpointError(f"endpoint {endpoint!r}: no port (tcp://HOST:PORT)")
+        if ":" in host:
+            raise EndpointError(f"endpoint {endpoint!r}: an IPv6 address needs brackets (tcp://[ADDR]:PORT)")
+    if not host:
+        raise EndpointError(f"endpoint {endpoint!r}: no host (tcp://HOST:PORT; * binds every interface)")
+    if port != "*" and not (port.isdigit() and int(port) <= 65535):
+        raise EndpointError(f"endpoint {endpoint!r}: port {port!r} is not a number 0..65535 (or * to bind)")
+    return host, port
+
+
+def parse_endpoint(endpoint: str, *, bind: bool | None = None) -> Endpoint:
+    """Parse and check an endpoint's syntax, as far as we can tell before libzmq sees it.
+
+    bind: True for a socket that binds, False for one that connects (which
+    needs a real port and host, and may name a source), None when unknown.
+    Raises EndpointError (one line) for what libzmq would refuse, so that
+    nothing is created for an endpoint that cannot work.
+    """
     scheme, sep, rest = endpoint.partition("://")
     if not sep:
         raise EndpointError(f"endpoint {endpoint!r} has no scheme (ipc://, tcp://)")
-    if scheme in ("ipc", "inproc"):
-        return True
+    if scheme not in TRANSPORTS:
+        raise EndpointError(f"endpoint {endpoint!r}: unknown transport {scheme!r} "
+                            "(ipc://PATH, tcp://HOST:PORT, inproc://NAME)")
+    if not rest:
+        raise EndpointError(f"endpoint {endpoint!r}: nothing after {scheme}://")
+    if scheme == "ipc":
+        size = len(rest.encode())
+        if size > IPC_PATH_MAX:
+            raise EndpointError(f"endpoint {endpoint!r}: the ipc path is {size} bytes, the kernel allows "
+                                f"{IPC_PATH_MAX} (use a shorter directory)")
+        return Endpoint(scheme, path=rest)
+    if scheme == "inproc":
+        return Endpoint(scheme, path=rest)
     if scheme != "tcp":
-        return False  # pgm/epgm/udp/ws: multicast or network transports
-    host = rest.rsplit(":", 1)[0]
-    if ";" in host:  # "source;destination" form
-        host = host.split(";", 1)[1]
-    host = host.strip("[]")
-    if host == "localhost":
+        return Endpoint(scheme, host=rest)
+    source, _, dest = rest.rpartition(";")
+    host, port = _split_host_port(endpoint, dest, what="the address")
+    if source:
+        if bind:
+            raise EndpointError(f"endpoint {endpoint!r}: a source address (SOURCE;HOST:PORT) only works "
+                                "for a connecting socket")
+        if source.startswith("[") and "]" not in source:
+            raise EndpointError(f"endpoint {endpoint!r}: the source has an unclosed '['")
+    if bind is False and (port in ("0", "*") or host == "*"):
+        raise EndpointError(f"endpoint {endpoint!r}: a connecting socket needs a host and a port "
+                            "(0 and * only make sense for binding)")
+    return Endpoint(scheme, host=host, port=port, source=source)
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// to a loopback address or localhost.
+
+    Everything else is remote: wildcards and unspecified addresses (*, 0.0.0.0,
+    [::]), interface and host names (they may resolve anywhere), other
+    transports (multicast, websockets, VMs), and the source;destination form
+    judged by its destination. Raises EndpointError for a malformed endpoint.
+    """
+    ep = parse_endpoint(endpoint)
+    if ep.scheme in ("ipc", "inproc"):
+        return True
+    if ep.scheme != "tcp":
+        return False
+    if ep.host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(ep.host).is_loopback
     except ValueError:
-        return False  # interface names, "*", hostnames
+        return False  # interface names, "*", hostnames, zone ids
 
 
-def check_endpoint(endpoint: str, *, allow_remote: bool, secured: bool = False) -> None:
+def check_endpoint(endpoint: str, *, allow_remote: bool, secured: bool = False, bind: bool | None = None) -> None:
+    """Raise EndpointError for a malformed endpoint, or a non-loopback one that is neither
+    secured (CURVE) nor allowed (security.allow_remote)."""
+    parse_endpoint(endpoint, bind=bind)
     if is_local_endpoint(endpoint) or allow_remote or secured:
         return
     raise EndpointError(
@@ -92,6 +180,46 @@ def ensure_ipc_path_free(endpoint: str) -> None:
     raise EndpointError(f"cannot bind {endpoint}: another process is serving this ipc path")
 
 
+def ensure_tcp_port_free(endpoint: str) -> None:
+    """Raise if a tcp address to bind is taken or not on this host.
+
+    Tried with a plain socket and SO_REUSEADDR, as libzmq binds, so a port
+    left in TIME_WAIT counts as free. Port 0 or * and interface or host
+    names (other than localhost) are left to libzmq.
+    """
+    ep = parse_endpoint(endpoint, bind=True)
+    if ep.scheme != "tcp" or ep.port in ("0", "*"):
+        return
+    host = {"*": "0.0.0.0", "localhost": "127.0.0.1"}.get(ep.host, ep.host)
+    try:
+        family = pysocket.AF_INET6 if ipaddress.ip_address(host).version == 6 else pysocket.AF_INET
+    except ValueError:
+        return
+    probe = pysocket.socket(family, pysocket.SOCK_STREAM)
+    try:
+        probe.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_REUSEADDR, 1)
+        probe.bind((host, int(ep.port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise EndpointError(f"cannot bind {endpoint}: address already in use") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise EndpointError(f"cannot bind {endpoint}: no interface of this host has address {host}") from None
+        raise EndpointError(f"cannot bind {endpoint}: {e.strerror}") from None
+    finally:
+        probe.close()
+
+
+def ensure_bindable(endpoint: str) -> None:
+    """Pre-flight for a socket that will bind `endpoint`: well formed, its ipc path not served
+    by a live process (a stale file is removed) and its directory present, its tcp port free.
+
+    Run before the slow parts of a start so that a busy endpoint fails in
+    milliseconds; the bind itself still reports a race (EndpointError)."""
+    parse_endpoint(endpoint, bind=True)
+    ensure_ipc_path_free(endpoint)
+    ensure_tcp_port_free(endpoint)
+
+
 def bind(sock: zmq.Socket, endpoint: str) -> str:
     """Bind with clear errors; returns the resolved endpoint (tcp port 0 -> real port)."""
     ensure_ipc_path_free(endpoint)
@@ -121,7 +249,7 @@ def _apply_curve(sock: zmq.Socket, curve: CurveServer | CurveClient | None) -> N
         sock.curve_server = True
         # Fail closed: with a ZAP domain and enforcement, handshakes are refused when no
         # ZAP authenticator runs (libzmq otherwise admits any client that knows our public key).
-        sock.zap_domain = b"hft-infer"
+        sock.zap_domain = ZAP_DOMAIN
         sock.zap_enforce_domain = True
     else:
         sock.curve_serverkey = curve.server_public_key

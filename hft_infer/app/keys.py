@@ -11,6 +11,7 @@ from hft_infer.errors import UserError
 from hft_infer.security import (
     check_key_permissions,
     check_security,
+    config_endpoints,
     curve_for_egress,
     curve_for_ingest,
     mode_problem,
@@ -22,6 +23,7 @@ from hft_infer.transport.curve import (
     read_key_file,
     write_keypair,
 )
+from hft_infer.transport.sockets import is_local_endpoint
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,9 +54,13 @@ def _check(args: argparse.Namespace) -> int:
     warnings = check_security(cfg)
     warnings += [w for w in check_key_permissions(cfg, args.config) if w not in warnings]
     egress, ingest = curve_for_egress(cfg), curve_for_ingest(cfg)
-    print(f"egress {cfg.egress.endpoint}: {'CURVE server' if egress else 'plain'}")
-    print(f"ingest {cfg.ingest.endpoint}: "
+    endpoints = {name: endpoint for name, endpoint, _ in config_endpoints(cfg)}
+    print(f"egress {endpoints['egress.endpoint']}: {'CURVE server' if egress else 'plain'}")
+    print(f"ingest {endpoints['ingest.endpoint']}: "
           f"{type(ingest).__name__.replace('Curve', 'CURVE ').lower() if ingest else 'plain'}")
+    control = endpoints["metrics.control_endpoint"]
+    # never CURVE: check_security has refused it off loopback unless allow_remote (then it warns)
+    print(f"control {control}: {'plain (ipc/loopback)' if is_local_endpoint(control) else 'plain, NOT loopback'}")
     if serves_curve(cfg):
         keys = load_authorized_keys(cfg.security.curve_authorized_dir)
         print(f"authorized clients ({len(keys)}): {', '.join(sorted(keys.values())) or 'none'}")

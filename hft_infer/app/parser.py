@@ -91,8 +91,13 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", required=True, metavar="E",
-                        help="feed to record, e.g. ipc:///run/hft-infer/md.sock or tcp://127.0.0.1:5555")
+    parser.description = ("Record a live feed, byte for byte, into a capture file. By default it subscribes to "
+                          "the feed the config's service reads (ingest.endpoint).")
+    add_config_args(parser, help_text="config whose ingest.endpoint is recorded when --endpoint is not given "
+                                      "(default: the embedded default)")
+    parser.add_argument("--endpoint", metavar="E",
+                        help="feed to record, e.g. ipc:///run/hft-infer/hft-infer-md.sock or tcp://127.0.0.1:5555 "
+                             "(default: the config's ingest.endpoint)")
     parser.add_argument("--out", required=True, metavar="FILE", help="capture file to write")
     parser.add_argument("--duration", type=float, default=None, metavar="S",
                         help="stop after S seconds (default: until SIGINT/SIGTERM or --count)")
@@ -112,6 +117,8 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-records", type=int, default=None, metavar="N",
                         help="write a block every N messages (default 4096)")
     parser.add_argument("--fsync", action="store_true", help="fsync every block (survives power loss; slower)")
+    parser.add_argument("--warn-silent-after", type=float, default=5.0, metavar="S",
+                        help="warn once if no message arrived within S seconds (default 5; 0 = never)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--force", action="store_true", help="overwrite an existing file")
     group.add_argument("--append", action="store_true",

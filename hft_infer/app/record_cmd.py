@@ -1,4 +1,10 @@
-"""`hft-infer record`: record a live feed into a capture file."""
+"""`hft-infer record`: record a live feed into a capture file.
+
+The endpoint is checked before anything is created (malformed: exit 2;
+`--bind` on a path or port in use: exit 2), and a feed that sends nothing
+for `--warn-silent-after` seconds is reported once: a subscriber connected
+to the wrong place records nothing and libzmq says nothing about it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,12 @@ import argparse
 import os
 import sys
 
+from hft_infer.config import expand_endpoint, load_config
 from hft_infer.errors import UserError
 from hft_infer.replay import capture as cap
 from hft_infer.replay.recorder import record
 from hft_infer.transport.codec import topic_for
-from hft_infer.transport.sockets import is_local_endpoint
+from hft_infer.transport.sockets import ensure_bindable, is_local_endpoint, parse_endpoint
 
 
 def main(args: argparse.Namespace) -> int:
@@ -22,8 +29,14 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--flush-ms must be positive, got {args.flush_ms}")
     if args.flush_records is not None and args.flush_records <= 0:
         raise UserError(f"--flush-records must be positive, got {args.flush_records}")
-    if not args.allow_remote and not is_local_endpoint(args.endpoint):
-        raise UserError(f"refusing non-loopback endpoint {args.endpoint!r}: pass --allow-remote to record it "
+    if not args.warn_silent_after >= 0:
+        raise UserError(f"--warn-silent-after must be >= 0, got {args.warn_silent_after}")
+    cfg = load_config(args.config, args.overrides)
+    service_feed = expand_endpoint(cfg.ingest.endpoint, cfg)
+    endpoint = args.endpoint or service_feed
+    parse_endpoint(endpoint, bind=args.bind)
+    if not args.allow_remote and not is_local_endpoint(endpoint):
+        raise UserError(f"refusing non-loopback endpoint {endpoint!r}: pass --allow-remote to record it "
                         "without CURVE")
     if args.instrument and args.socket_type != "sub":
         raise UserError("--instrument filters topics: it needs --socket-type sub")
@@ -35,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
     for i in args.instrument or ():
         if not 0 <= i <= 0xFFFFFFFD:
             raise UserError(f"--instrument {i} is outside 0..4294967293")
+    if args.bind:
+        ensure_bindable(endpoint)  # before the file is created: a busy endpoint leaves nothing behind
     topics = [topic_for(i) for i in args.instrument] if args.instrument else None
 
     def ready(resolved: str) -> None:
@@ -42,16 +57,23 @@ def main(args: argparse.Namespace) -> int:
         until = " or ".join(x for x in limits if x) or "SIGINT/SIGTERM"
         print(f"hft-infer record: recording {resolved} -> {args.out} until {until}", file=sys.stderr, flush=True)
 
+    def silent(seconds: float) -> None:
+        hint = (f"the config's service reads {service_feed}" if endpoint != service_feed
+                else "nothing publishes on the service's feed yet")
+        print(f"hft-infer record: warning: no message from {endpoint} in {seconds:.0f} s ({hint}); "
+              "still recording", file=sys.stderr, flush=True)
+
     kw = {}
     if args.flush_ms is not None:
         kw["flush_ms"] = args.flush_ms
     if args.flush_records is not None:
         kw["flush_records"] = args.flush_records
     try:
-        res = record(args.endpoint, args.out, duration_s=args.duration, max_events=args.count, topics=topics,
+        res = record(endpoint, args.out, duration_s=args.duration, max_events=args.count, topics=topics,
                      socket_type=args.socket_type, bind=args.bind, allow_remote=args.allow_remote,
                      topic_frame=not args.no_topic_frame, fsync=args.fsync, overwrite=args.force,
-                     append=args.append, on_ready=ready, **kw)
+                     append=args.append, on_ready=ready, on_silence=silent if args.warn_silent_after else None,
+                     silence_s=args.warn_silent_after, **kw)
     except (cap.CaptureError, FileExistsError) as e:
         raise UserError(str(e)) from None
     # Read the count back from the file itself: what a reader will see.

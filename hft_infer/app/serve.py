@@ -1,10 +1,18 @@
 """`hft-infer serve`: run the service until SIGINT/SIGTERM, then drain and report.
 
-Start-up order: config -> sockets (a busy endpoint fails before the slow
-parts) -> model, engine, warm-up -> READY (start-up line, Status on the
-decision socket, systemd notification) -> loop. On stop: drain, final Status,
-per-stage table on stdout, summary JSON (and .hgrm files) in the run dir,
-exit 0. A fatal error logs once and exits non-zero so systemd restarts it.
+Start-up order: config and pre-flight (malformed, refused and busy endpoints
+fail here, in milliseconds, before torch is imported) -> placement, zmq
+context, authenticator -> model and engine -> sockets -> run directory and
+control process -> warm-up (systemd is first asked to extend its start
+timeout) -> READY (start-up line, Status on the decision socket, systemd
+notification) -> loop. On stop: drain, final Status, per-stage table on
+stdout, summary JSON (and .hgrm files) in the run dir, exit 0.
+
+A failed start exits 2 with one line: every socket it opened is closed and
+the zmq context ends with linger 0 (a socket left open, such as one whose
+bind failed, makes Context.term() wait forever), and it leaves no empty run
+directory behind. A fatal error later logs once and exits non-zero so
+systemd restarts it.
 """
 
 from __future__ import annotations
@@ -35,15 +43,15 @@ from hft_infer.control.process import (
 )
 from hft_infer.metrics import format_table
 from hft_infer.metrics.hlog import write_hgrm as write_one
-from hft_infer.runner.select import resolve_device
 from hft_infer.sdnotify import Notifier, watchdog_interval_s
 from hft_infer.security import (
     check_security,
+    config_endpoints,
     curve_for_egress,
     curve_for_ingest,
     start_authenticator,
 )
-from hft_infer.service import Service
+from hft_infer.transport.sockets import EndpointError, ensure_bindable
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -64,12 +72,24 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides)
 
 
-def make_run_dir(cfg: Config, explicit: str | None) -> Path:
-    path = explicit or cfg.service.run_dir or os.path.join(
-        "runs", f"{cfg.service.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+def run_dir_path(cfg: Config, explicit: str | None) -> Path:
+    """Where this run's summary and histograms go (created once the sockets are open)."""
+    return Path(explicit or cfg.service.run_dir or os.path.join(
+        "runs", f"{cfg.service.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+
+
+def preflight(cfg: Config) -> list[str]:
+    """What `serve` refuses, checked before anything slow: the security policy and every
+    endpoint's syntax (ConfigError naming the field), and that each endpoint to bind is free
+    (EndpointError). Returns the policy's warnings."""
+    warnings = check_security(cfg)
+    for name, endpoint, binds in config_endpoints(cfg):
+        if binds:
+            try:
+                ensure_bindable(endpoint)
+            except EndpointError as e:
+                raise EndpointError(f"{name}: {e}") from None
+    return warnings
 
 
 def write_hgrm(stages_cumulative: dict, run_dir: Path) -> None:
@@ -98,36 +118,58 @@ def start_control(cfg: Config, args: argparse.Namespace, run_dir: Path, plan, lo
         log(f"dashboard {wait_for_url(str(run_dir), proc, 30.0)} (Prometheus at /metrics)")
     except RuntimeError as e:
         log(f"warning: no dashboard: {e}")
+        stop_control_process(proc)  # it may still be starting: do not leave it behind
         return None
     return proc
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    run_dir = make_run_dir(cfg, getattr(args, "run_dir", None))
     log = _logger(cfg.service.name)
-    for warning in check_security(cfg):
+    for warning in preflight(cfg):
         log(f"warning: {warning}")
-    with contextlib.ExitStack() as cleanup:  # runs in reverse: service, auth, zmq, notifier, control
+    run_dir = run_dir_path(cfg, getattr(args, "run_dir", None))
+    created_run_dir = not run_dir.exists()
+    try:
+        return _serve(cfg, args, run_dir, log)
+    except BaseException:
+        if created_run_dir:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if still empty: a control.log says what happened
+        raise
+
+
+def _serve(cfg: Config, args: argparse.Namespace, run_dir: Path, log) -> int:
+    # After the pre-flight: importing torch (the runner, the service) takes seconds.
+    from hft_infer.runner.select import resolve_device
+    from hft_infer.service import Service
+
+    control = None
+    with contextlib.ExitStack() as cleanup:  # in reverse: service, auth, zmq, notifier, control
+        # The control process stops last, after the final snapshot (.hlog, .hgrm).
+        cleanup.callback(lambda: control is not None and stop_control_process(control))
+        notifier = Notifier.from_env(unset_environment=True)  # children must not notify in our name
+        cleanup.callback(notifier.close)
         # Placement first: the zmq context (and its IO thread) is made and placed
         # before the hot thread is pinned, and big buffers are allocated after the
         # pinning so that first touch lands on the hot core's NUMA node.
         plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index)
         ctx = zmq.Context()
+        # After every socket and the authenticator are closed: after a clean stop only the
+        # egress socket's linger (the last decisions) is waited for; after a failed start
+        # the sockets still open (one whose bind failed) are closed with linger 0.
+        cleanup.callback(ctx.destroy, linger=0)
         zmq_step = configure_zmq_context(ctx, plan)
         report = apply_placement(plan, strict=cfg.cpu.strict, steps=[zmq_step])
-        control = start_control(cfg, args, run_dir, plan, log)
-        if control is not None:
-            cleanup.callback(stop_control_process, control)  # after the final snapshot: .hlog, .hgrm
-        notifier = Notifier.from_env(unset_environment=True)  # children must not notify in our name
-        cleanup.callback(notifier.close)
-        cleanup.callback(ctx.term)  # after every socket, the authenticator's too, is closed
         auth = start_authenticator(ctx, cfg)
         if auth is not None:
-            cleanup.callback(auth.stop)
+            cleanup.callback(auth.stop)  # its sockets belong to its thread: stopped before ctx.destroy
         service = Service(cfg, log=log)
+        _open_sockets(service, cfg, ctx)
         cleanup.callback(service.close)
-        _prepare(service, cfg, ctx, report, notifier, log)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        control = start_control(cfg, args, run_dir, plan, log)
+        _prepare(service, cfg, report, notifier, log)
 
         def on_ready() -> None:
             line = (f"READY engine={service.engine.name} ({service.engine.reason}) model={service.model_version} "
@@ -142,9 +184,21 @@ def main(args: argparse.Namespace) -> int:
     return _report(service, cfg, run_dir, args, wrote_hgrm=control is not None, log=log)
 
 
-def _prepare(service, cfg: Config, ctx, report, notifier, log) -> None:
-    """Sockets (with CURVE where configured), warm-up, post-warm-up placement, systemd hooks."""
-    service.open_sockets(ctx, curve_ingest=curve_for_ingest(cfg), curve_egress=curve_for_egress(cfg))
+def _open_sockets(service, cfg: Config, ctx) -> None:
+    """Bind/connect with CURVE where configured. On failure the engine is closed here:
+    Service.close() expects every socket, and the half-open ones are ctx.destroy's."""
+    try:
+        service.open_sockets(ctx, curve_ingest=curve_for_ingest(cfg), curve_egress=curve_for_egress(cfg))
+    except BaseException:
+        service.engine.close()
+        raise
+
+
+def _prepare(service, cfg: Config, report, notifier, log) -> None:
+    """Warm-up, post-warm-up placement, systemd hooks."""
+    # A cold Triton compile and graph capture can take minutes: from here systemd allows
+    # start_timeout_s more before it gives up on READY=1 (TimeoutStartSec of the unit).
+    notifier.extend_timeout(cfg.service.start_timeout_s)
     service.warm_up()
     finish_warmup(report, strict=cfg.cpu.strict)
     service.placement = report.as_labels()

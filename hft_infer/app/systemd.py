@@ -161,7 +161,8 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
     else:
         spec.comments.append("placement: cpu.cores = \"none\": no CPUAffinity/NUMA settings")
 
-    spec.network = any(not is_local_endpoint(ep) for ep in (cfg.ingest.endpoint, cfg.egress.endpoint))
+    spec.network = any(not is_local_endpoint(ep) for ep in (cfg.ingest.endpoint, cfg.egress.endpoint,
+                                                            cfg.metrics.control_endpoint))
     rw = list(dict.fromkeys(_endpoint_dirs(cfg)))
     if cfg.service.run_dir:
         run_dir = cfg.service.run_dir

@@ -301,10 +301,6 @@ class Aggregator:
         return {"type": "status", "age_s": age, "live": not stale and not self.info.final,
                 "final": self.info.final, "control": self.control_counts()}
 
-    def percentiles_us(self, stage: str, percentiles) -> list[float]:
-        st = self.stages[stage]
-        return [float(x) / 1e3 for x in percentile_values(st.cumulative, percentiles)]
-
 
 def _round(x: float | None) -> float | None:
     if x is None or not math.isfinite(x):

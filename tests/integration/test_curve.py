@@ -192,6 +192,36 @@ def test_authorized_dir_is_reread_without_restart(zctx, keys):
         auth.stop()
 
 
+def test_a_malformed_authorized_key_is_skipped_and_the_user_id_is_the_key_file(zctx, keys):
+    secrets, authorized = keys
+    (authorized / "broken.key").write_text("not a certificate\n")  # must not lock the good client out
+    cfg = make_cfg(keys, egress__endpoint="tcp://10.20.30.40:5556")
+    server = curve_for_egress(cfg)
+    auth = start_authenticator(zctx, cfg)
+    try:
+        assert auth.stats.keys == 1
+        pub, endpoint = open_egress(zctx, "tcp://127.0.0.1:0", curve=server)
+        good = open_subscriber(zctx, endpoint, curve=client_of(server, secrets / "client.key_secret"))
+        frames = []
+        # the XPUB receives the client's subscription; libzmq tags it with the User-Id ZAP gave
+        assert wait_for(lambda: bool(frames), lambda: (pub.poll(10) and frames.append(pub.recv(copy=False)),
+                                                       good.poll(0)))
+        assert frames[0].get("User-Id") == "client.key"
+    finally:
+        auth.stop()
+
+
+def test_a_second_authenticator_on_one_context_is_a_clear_error(zctx, keys):
+    _, authorized = keys
+    first = ZapAuthenticator(zctx, str(authorized)).start()
+    try:
+        with pytest.raises(CurveKeyError, match="one authenticator per context"):
+            ZapAuthenticator(zctx, str(authorized)).start()
+    finally:
+        first.stop()
+    ZapAuthenticator(zctx, str(authorized)).start().stop()  # the endpoint is free again
+
+
 def test_ingest_connects_to_a_curve_feed_as_its_client(zctx, keys, tmp_path):
     """The feed is the CURVE server (its own context and authenticator); this service's
     public key is in the feed's authorized directory."""

@@ -271,3 +271,43 @@ def test_an_existing_file_is_not_overwritten_without_force(tmp_path):
 def test_replay_without_a_source_is_a_usage_error():
     r = subprocess.run([*CLI_MAIN, "replay"], capture_output=True, text=True, timeout=WAIT_S)
     assert r.returncode == 2 and "SOURCE" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_silent_feed_is_reported_once(zctx, sock_dir, tmp_path):
+    """A SUB connected to an endpoint nobody publishes on records nothing and libzmq says nothing."""
+    quiet = []
+    r = record(f"ipc://{sock_dir}/nobody.sock", tmp_path / "q.cap", duration_s=1.0, ctx=zctx,
+               on_silence=quiet.append, silence_s=0.2)
+    assert r.recorded == 0 and r.stopped_by == "duration"
+    assert len(quiet) == 1 and quiet[0] >= 0.2
+
+
+def test_record_cli_warns_about_a_silent_feed_and_names_the_services_feed(sock_dir, tmp_path):
+    env = dict(os.environ, HFT_INFER_RUNTIME_DIR=sock_dir)
+    r = subprocess.run([*CLI_MAIN, "record", "--endpoint", f"ipc://{sock_dir}/elsewhere.sock", "--out",
+                        str(tmp_path / "w.cap"), "--duration", "1.5", "--warn-silent-after", "0.5"],
+                       capture_output=True, text=True, timeout=WAIT_S, env=env)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1, r.stderr
+    assert f"no message from ipc://{sock_dir}/elsewhere.sock" in warnings[0]
+    assert f"the config's service reads ipc://{sock_dir}/hft-infer-md.sock" in warnings[0]
+    assert "recorded 0 messages" in r.stdout
+
+
+def test_record_defaults_to_the_configs_feed(zctx, sock_dir, tmp_path):
+    """Without --endpoint, record subscribes where the config's service reads its feed."""
+    feed = f"ipc://{sock_dir}/rec-md.sock"
+    pub = _xpub(zctx, feed)
+    env = dict(os.environ, HFT_INFER_RUNTIME_DIR=sock_dir)
+    proc = subprocess.Popen([*CLI, "record", "--set", "service.name=rec", "--out", str(tmp_path / "d.cap"),
+                             "--count", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_subscribed(pub)
+        for i in range(5):
+            pub.send_multipart([topic_for(1), b"d%d" % i])
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert f"recording {feed} ->" in stderr and "recorded 5 messages" in stdout

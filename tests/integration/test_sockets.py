@@ -14,11 +14,13 @@ from hft_infer.transport.schema import Quote
 from hft_infer.transport.sockets import (
     EndpointError,
     check_endpoint,
+    ensure_bindable,
     is_local_endpoint,
     open_egress,
     open_ingest,
     open_publisher,
     open_subscriber,
+    parse_endpoint,
 )
 
 
@@ -94,14 +96,89 @@ def test_egress_counts_a_full_subscriber_instead_of_blocking(zctx, sock_dir):
     assert dropped > 0  # the subscriber never reads: drops are visible, the loop never blocked
 
 
-@pytest.mark.parametrize("endpoint, local", [
-    ("ipc:///tmp/x.sock", True), ("inproc://x", True), ("tcp://127.0.0.1:5555", True),
-    ("tcp://127.1.2.3:1", True), ("tcp://localhost:5555", True), ("tcp://[::1]:5555", True),
-    ("tcp://*:5555", False), ("tcp://0.0.0.0:5555", False), ("tcp://10.0.0.5:5555", False),
-    ("tcp://eth0:5555", False), ("tcp://127.0.0.1;10.0.0.5:5555", False), ("epgm://eth0;239.1.1.1:5555", False),
-])
-def test_endpoint_locality(endpoint, local):
-    assert is_local_endpoint(endpoint) is local
+LOCAL_ENDPOINTS = ["ipc:///tmp/x.sock", "ipc://@abstract", "inproc://x", "tcp://127.0.0.1:5555", "tcp://127.1.2.3:1",
+                   "tcp://localhost:5555", "tcp://[::1]:5555", "tcp://[0:0:0:0:0:0:0:1]:5555",
+                   "tcp://10.0.0.5;127.0.0.1:5555"]  # a connect from any source to loopback stays on the host
+# Every form that reaches (or may reach) another host: all of them need CURVE or allow_remote.
+REMOTE_ENDPOINTS = [
+    "tcp://*:5555", "tcp://0.0.0.0:5555", "tcp://[::]:5555", "tcp://10.0.0.5:5555", "tcp://192.168.1.7:5555",
+    "tcp://[2001:db8::1]:5555", "tcp://[fe80::1%eth0]:5555", "tcp://[::ffff:10.0.0.5]:5555", "tcp://eth0:5555",
+    "tcp://lo:5555", "tcp://feed.example.com:5555", "tcp://localhost.example.com:5555",
+    "tcp://127.0.0.1;10.0.0.5:5555", "tcp://0x7f000001:5555", "tcp://2130706433:5555",
+    "epgm://eth0;239.1.1.1:5555", "pgm://10.0.0.5;239.1.1.1:5555", "udp://10.0.0.5:5555",
+    "ws://127.0.0.1:5555", "wss://feed.example.com:443/md", "norm://10.0.0.5:5555", "vmci://2:5555",
+    "tipc://{1000,0,0}",
+]
+MALFORMED_ENDPOINTS = [
+    ("127.0.0.1:5555", "no scheme"), ("tcp://127.0.0.1", "no port"), ("tcp://[::1]", "no port"),
+    ("tcp://::1:5555", "needs brackets"), ("tcp://[::1:5555", "unclosed"), ("tcp://:5555", "no host"),
+    ("tcp://127.0.0.1:http", "not a number"), ("tcp://127.0.0.1:65536", "not a number"),
+    ("tcp://127.0.0.1:", "not a number"), ("tpc://127.0.0.1:5555", "unknown transport"), ("ipc://", "nothing after"),
+    ("ipc:///" + "x" * 120, "the kernel allows 107"),
+]
+
+
+@pytest.mark.parametrize("endpoint", LOCAL_ENDPOINTS)
+def test_local_endpoints(endpoint):
+    assert is_local_endpoint(endpoint) is True
+
+
+@pytest.mark.parametrize("endpoint", REMOTE_ENDPOINTS)
+def test_remote_endpoint_forms(endpoint):
+    assert is_local_endpoint(endpoint) is False
+    with pytest.raises(EndpointError, match="refusing non-loopback endpoint"):
+        check_endpoint(endpoint, allow_remote=False)
+
+
+@pytest.mark.parametrize("endpoint, message", MALFORMED_ENDPOINTS)
+def test_malformed_endpoints_are_one_line_errors(endpoint, message):
+    with pytest.raises(EndpointError, match=message) as e:
+        parse_endpoint(endpoint)
+    assert "\n" not in str(e.value)
+    with pytest.raises(EndpointError, match=message):
+        is_local_endpoint(endpoint)
+
+
+def test_connect_and_bind_rules():
+    assert parse_endpoint("tcp://127.0.0.1:0", bind=True).port == "0"
+    assert parse_endpoint("tcp://*:*", bind=True).host == "*"
+    for ep in ("tcp://127.0.0.1:0", "tcp://127.0.0.1:*", "tcp://*:5555"):
+        with pytest.raises(EndpointError, match="connecting socket needs"):
+            parse_endpoint(ep, bind=False)
+    with pytest.raises(EndpointError, match="only works for a connecting socket"):
+        parse_endpoint("tcp://127.0.0.1;127.0.0.2:5555", bind=True)
+    assert parse_endpoint("tcp://127.0.0.1;127.0.0.2:5555", bind=False).source == "127.0.0.1"
+
+
+def test_malformed_endpoint_is_refused_before_a_socket_exists(zctx):
+    with pytest.raises(EndpointError, match="no port"):
+        open_egress(zctx, "tcp://127.0.0.1")
+    with pytest.raises(EndpointError, match="no port"):
+        open_ingest(zctx, "tcp://[::1]")
+    assert not zctx._sockets  # nothing was created, so nothing is left for term() to wait for
+
+
+def test_ensure_bindable_sees_a_busy_tcp_port_and_ipc_path(zctx, sock_dir):
+    first, ep = open_egress(zctx, "tcp://127.0.0.1:0")
+    with pytest.raises(EndpointError, match="already in use"):
+        ensure_bindable(ep)
+    port = ep.rsplit(":", 1)[1]
+    with pytest.raises(EndpointError, match="already in use"):
+        ensure_bindable(f"tcp://*:{port}")  # every interface includes the loopback one that is taken
+    first.close(0)
+    probe = pysocket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free_port = probe.getsockname()[1]
+    probe.close()  # never listened: free at once
+    ensure_bindable(f"tcp://127.0.0.1:{free_port}")
+    ipc, ipc_ep = open_egress(zctx, f"ipc://{sock_dir}/busy.sock")
+    with pytest.raises(EndpointError, match="another process is serving"):
+        ensure_bindable(ipc_ep)
+    ipc.close(0)
+    with pytest.raises(EndpointError, match="no interface of this host"):
+        ensure_bindable("tcp://192.0.2.1:5555")  # TEST-NET-1: never a local address
+    with pytest.raises(EndpointError, match="does not exist"):
+        ensure_bindable(f"ipc://{sock_dir}/missing/x.sock")
 
 
 def test_remote_endpoints_are_refused_unless_allowed(zctx):

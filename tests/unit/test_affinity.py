@@ -378,3 +378,28 @@ def test_zmq_io_threads_start_on_helper_cores_without_any_pinning():
     zmq_masks = [m for name, m in out["masks"].items() if "ZMQbg" in name]
     assert zmq_masks and all(m == out["helpers"] for m in zmq_masks)
     assert ALLOWED[0] not in out["helpers"]
+
+
+# --------------------------------------------------------------------------- the preview command
+
+
+def test_preview_command_says_why_torch_gives_no_gpu_address():
+    """`python -m hft_infer.affinity auto cuda:0` used to say "torch: not found" with torch installed."""
+    r = subprocess.run([sys.executable, "-m", "hft_infer.affinity", "auto", "cuda:0"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("placement: mode=auto device=cuda:0")
+    gpu_line = next(line for line in r.stdout.splitlines() if line.strip().startswith("gpu "))
+    import torch
+
+    if "via torch" not in gpu_line:  # no CUDA device here: the line must say so, with torch's version
+        assert f"torch: {torch.__version__}" in gpu_line and "not found" not in gpu_line.split(";")[0], gpu_line
+        assert "sees no CUDA device" in gpu_line or "CUDA device(s), no cuda:0" in gpu_line
+
+
+@pytest.mark.parametrize("args, message", [(["x"], "error: cores: bad cpulist"),
+                                           (["auto", "tpu"], "error: device 'tpu'")])
+def test_preview_command_rejects_bad_arguments_in_one_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "hft_infer.affinity", *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.splitlines()) == 1

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from hft_infer.replay import capture as cap
+from hft_infer.replay import capture_format as fmt
 from hft_infer.replay.capture import (
     CaptureError,
     CaptureWriter,
@@ -90,13 +90,13 @@ def test_empty_capture(tmp_path):
 def _block_offsets(path) -> list[int]:
     """Start of every block and of the trailer, walking the headers by hand."""
     data = open(path, "rb").read()
-    pos = cap._decode_header(data, path).size
+    pos = fmt.decode_header(data, path).size
     out = []
     while pos < len(data):
         out.append(pos)
-        if data[pos:pos + 4] == cap.TRAILER_MAGIC:
+        if data[pos:pos + 4] == fmt.TRAILER_MAGIC:
             break
-        pos += cap._BLOCK.size + cap._BLOCK.unpack_from(data, pos)[3]
+        pos += fmt.BLOCK.size + fmt.BLOCK.unpack_from(data, pos)[3]
     return out
 
 
@@ -106,7 +106,7 @@ def _cut_points(path):
     return {
         "mid-trailer": (trailer + 10, 50),
         "trailer-gone": (trailer, 50),
-        "mid-last-block-payload": (last_block + cap._BLOCK.size + 20, 49),
+        "mid-last-block-payload": (last_block + fmt.BLOCK.size + 20, 49),
         "mid-last-block-header": (last_block + 17, 49),
         "last-block-magic-only": (last_block + 2, 49),
     }
@@ -137,7 +137,7 @@ def test_a_corrupt_block_in_the_middle_is_skipped_and_the_rest_kept(tmp_path):
     ts, msgs = _write(p)
     second = _block_offsets(p)[1]
     with open(p, "r+b") as f:
-        f.seek(second + cap._BLOCK.size + 3)
+        f.seek(second + fmt.BLOCK.size + 3)
         b = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0xFF]))

@@ -161,3 +161,34 @@ def test_from_env_can_hide_the_socket_from_children(monkeypatch, sock_dir):
     n = Notifier.from_env(unset_environment=True)
     assert n.enabled and "NOTIFY_SOCKET" not in os.environ and "WATCHDOG_USEC" not in os.environ
     n.close()
+
+
+def test_real_serve_extends_its_start_timeout_before_warm_up(sock_dir, tmp_path):
+    """`hft-infer serve` under a notify socket: EXTEND_TIMEOUT_USEC = service.start_timeout_s
+    before READY=1 (warm-up and graph capture may compile for minutes), STOPPING=1 on SIGTERM."""
+    path = os.path.join(sock_dir, "notify.sock")
+    listener = _listener(path)
+    env = dict(os.environ, NOTIFY_SOCKET=path, HFT_INFER_RUNTIME_DIR=sock_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "hft_infer", "serve", "--no-control", "--run-dir",
+                             str(tmp_path / "run"), "--set", "service.start_timeout_s=123",
+                             "--set", 'model.checkpoint=""', "--set", 'model.preset="mlp_small"'],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    got = []
+    try:
+        while not any("READY=1" in m for m, _ in got):
+            got.append(_recv(listener))
+        proc.send_signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m, _ in got):
+            got.append(_recv(listener))
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+    finally:
+        listener.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    messages = [m for m, _ in got]
+    extend = [i for i, m in enumerate(messages) if m == ["EXTEND_TIMEOUT_USEC=123000000"]]
+    ready = next(i for i, m in enumerate(messages) if "READY=1" in m)
+    assert extend and extend[0] < ready, messages
+    assert {pid for _, pid in got} == {proc.pid}  # the control process and children never notify

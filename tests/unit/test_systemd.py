@@ -251,3 +251,10 @@ def test_cli_prints_a_unit_and_refuses_drop_in_without_instance(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--instance" in r.stderr
     r = subprocess.run([*cli, "--instance", "a/b"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_a_remote_control_endpoint_also_waits_for_the_network(tmp_path):
+    path = config_file(tmp_path, "[runner]\ndevice = 'cpu'\n[cpu]\ncores = 'none'\n[security]\nallow_remote = true\n"
+                                 "[metrics]\ncontrol_endpoint = 'tcp://10.0.0.9:7000'\n")
+    text = render_unit(spec_for(path))
+    assert "Wants=network-online.target" in text and "After=network-online.target" in text

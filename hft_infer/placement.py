@@ -1,0 +1,204 @@
+"""Where the hot thread and everything else go: a pure decision, no system call.
+
+`plan_placement` reads the host (`topology`) and the `[cpu]` config and
+returns a `PlacementPlan`: the hot core(s), the helper cores for every other
+thread (libzmq IO, CUDA, ZAP, the control process), the GPU's NUMA node, and
+one `Step` per decision with its reason. `pinning.apply_placement` carries
+it out; `systemd-unit` uses the same plan for `CPUAffinity=`/`NUMAMask=`.
+
+Why helper cores at all: threads inherit the affinity of the thread that
+creates them, so every helper started after the hot thread is pinned would
+share its core, and a busy-polling thread starves a libzmq IO thread that
+shares its core (p99.9 of 4 ms measured on the H200 host, see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from hft_infer.topology import SysFs, cuda_index, format_cpulist, gpu_pci_address
+
+Outcome = Literal["applied", "refused", "skipped", "planned"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One placement decision: what, its outcome and why (one line)."""
+
+    name: str
+    outcome: Outcome
+    detail: str
+
+    def line(self) -> str:
+        return f"  {self.name:<12} {self.outcome:<8} {self.detail}"
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    mode: Literal["none", "explicit", "auto"]
+    hot_cores: tuple[int, ...]
+    """Where the hot thread goes; () = leave it where it is."""
+    helper_cores: tuple[int, ...]
+    """Where every other thread (libzmq IO, CUDA, ZAP) and the control process go; () = leave."""
+    device: str
+    gpu_pci: str | None
+    numa_node: int | None
+    """The node the hot cores are on (auto: the GPU's node when known)."""
+    isolated: tuple[int, ...]
+    rt_priority: int
+    mlockall: bool
+    gc_freeze: bool
+    steps: tuple[Step, ...] = ()
+    """Planning outcomes: how the cores were chosen, and refused requests (no such core)."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def hot_isolated(self) -> bool:
+        return bool(self.hot_cores) and set(self.hot_cores) <= set(self.isolated)
+
+
+def _node_of(core: int, nodes: dict[int, list[int]]) -> int | None:
+    for node, cores in nodes.items():
+        if core in cores:
+            return node
+    return None
+
+
+def plan_placement(
+    cpu_cfg,
+    device: str,
+    *,
+    slot: int = 0,
+    sysfs_root: str = "/",
+    inherited: Iterable[int] | None = None,
+    gpu_pci: str | None = None,
+    use_torch: bool = True,
+) -> PlacementPlan:
+    """Decide placement without changing anything.
+
+    cpu_cfg: config.CpuConfig. device: runner.device (auto, cpu, cuda, cuda:N).
+    slot: which candidate core `auto` takes (the shard index, so that shards on
+    one NUMA node take different isolated cores). inherited: the current
+    affinity mask (default: this thread's). gpu_pci: skip the GPU lookup.
+    """
+    fs = SysFs(sysfs_root)
+    steps: list[Step] = []
+    warnings: list[str] = []
+    online = fs.online()
+    cpuset = fs.cpuset()
+    available = sorted(set(online) & set(cpuset)) if cpuset else online
+    inherited_set = set(os.sched_getaffinity(0) if inherited is None else inherited) & set(available)
+    isolated = [c for c in fs.isolated() if c in available]
+    nodes = fs.nodes()
+    cores_cfg = cpu_cfg.cores
+    mode: Literal["none", "explicit", "auto"] = (
+        "none" if cores_cfg == "none" else "auto" if cores_cfg == "auto" else "explicit")
+
+    gpu_node: int | None = None
+    if mode == "none":
+        gpu_pci = None  # not looked up: nothing to place
+    elif gpu_pci or cuda_index(device) is not None:
+        how = f"given {gpu_pci}" if gpu_pci else ""
+        if gpu_pci is None:
+            gpu_pci, how = gpu_pci_address(device, use_torch=use_torch)
+        if gpu_pci is not None:
+            gpu_node = fs.pci_numa_node(gpu_pci)
+            steps.append(Step("gpu", "planned", f"{how}; NUMA node "
+                              f"{gpu_node if gpu_node is not None else 'unknown (single node or no sysfs entry)'}"))
+        else:
+            steps.append(Step("gpu", "skipped", how))
+
+    hot: list[int] = []
+    node: int | None = None
+    if mode == "explicit":
+        for core in cores_cfg:
+            if core not in online:
+                steps.append(Step("core", "refused",
+                                  f"core {core} does not exist or is offline (online: {format_cpulist(online)})"))
+            elif core not in available:
+                steps.append(Step("core", "refused",
+                                  f"core {core} is outside this cgroup's cpuset ({format_cpulist(available)})"))
+            else:
+                hot.append(core)
+        outside = [c for c in hot if c not in inherited_set]
+        if outside:
+            steps.append(Step("core", "planned",
+                              f"core(s) {format_cpulist(outside)} outside the inherited mask "
+                              f"{format_cpulist(inherited_set)} (taskset/CPUAffinity=/isolcpus); pinning anyway"))
+        if len(hot) > 1:
+            warnings.append(f"the hot thread may migrate among cores {format_cpulist(hot)}: "
+                            "one core per process (shard) is the usual choice")
+        node_set = {_node_of(c, nodes) for c in hot} - {None}
+        if len(node_set) > 1:
+            warnings.append(f"hot cores {format_cpulist(hot)} span NUMA nodes {sorted(node_set)}")
+        node = next(iter(node_set)) if len(node_set) == 1 else None
+        if gpu_node is not None and node is not None and node != gpu_node:
+            warnings.append(f"hot core(s) on NUMA node {node} but the GPU is on node {gpu_node}: "
+                            "every H2D/D2H copy crosses the socket interconnect")
+        if hot:
+            steps.append(Step("cores", "planned", f"explicit list: {format_cpulist(hot)}"))
+    elif mode == "auto":
+        node = gpu_node
+        node_cores = [c for c in nodes.get(node, []) if c in available] if node is not None else []
+        where = f"NUMA node {node}" if node is not None else "any node (GPU node unknown)"
+        candidates: list[int]
+        if node is not None and node_cores:
+            candidates = [c for c in isolated if c in node_cores]
+            why = f"isolated cores on {where}"
+            if not candidates:
+                # core 0 takes most IRQs and kernel housekeeping: highest cores first
+                candidates = sorted((c for c in node_cores if c not in isolated), reverse=True)
+                why = f"no isolated core on {where}; its cores, highest first"
+        else:
+            candidates = list(isolated)
+            why = "isolated cores (GPU NUMA node unknown)"
+            if not candidates:
+                candidates = sorted(inherited_set or available, reverse=True)
+                why = "no isolated cores; allowed cores, highest first"
+        if candidates:
+            pick = candidates[slot % len(candidates)]
+            if slot >= len(candidates):
+                warnings.append(f"slot {slot} but only {len(candidates)} candidate core(s) "
+                                f"({format_cpulist(candidates)}): shares core {pick} with another shard")
+            hot = [pick]
+            node = _node_of(pick, nodes) if node is None else node
+            steps.append(Step("cores", "planned",
+                              f"auto: {why}: {format_cpulist(candidates)}; slot {slot} -> core {pick}"))
+        else:
+            steps.append(Step("cores", "refused", f"auto: no usable core on {where}"))
+        if not isolated:
+            warnings.append("no isolated cores (isolcpus=/nohz_full= on the kernel command line): "
+                            "the hot core also runs other tasks and kernel work")
+
+    helpers: list[int] = []
+    if hot:
+        hot_set = set(hot)
+        node_cores_all = set(nodes.get(node, [])) if node is not None else set()
+        tiers = [
+            # same node first: the IO thread copies the messages the hot thread reads
+            (inherited_set & node_cores_all) - hot_set - set(isolated),
+            inherited_set - hot_set - set(isolated),
+            inherited_set - hot_set,
+            set(available) - hot_set - set(isolated),
+        ]
+        helpers = sorted(next((t for t in tiers if t), set()))
+        if not helpers:
+            warnings.append("no core left for helper threads: libzmq IO threads share the hot core, "
+                            "which busy polling starves")
+    if cpu_cfg.rt_priority > 0 and hot and not set(hot) <= set(isolated):
+        warnings.append(f"SCHED_FIFO {cpu_cfg.rt_priority} on a non-isolated core: a spinning FIFO thread "
+                        "starves that core's kernel threads (RT throttling leaves them 5%)")
+    if cpu_cfg.rt_priority > 0 and not hot:
+        warnings.append("SCHED_FIFO without pinning: the spinning thread may take any core")
+
+    return PlacementPlan(
+        mode=mode, hot_cores=tuple(hot), helper_cores=tuple(helpers), device=device,
+        gpu_pci=gpu_pci, numa_node=node, isolated=tuple(isolated),
+        rt_priority=cpu_cfg.rt_priority, mlockall=cpu_cfg.mlockall,
+        gc_freeze=getattr(cpu_cfg, "gc_freeze", True), steps=tuple(steps), warnings=tuple(warnings))
+
+
+__all__ = ["Outcome", "PlacementPlan", "Step", "plan_placement"]
