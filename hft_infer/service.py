@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import os
 import signal
 import sys
@@ -42,6 +41,7 @@ from hft_infer.accounting import Accounting
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint
 from hft_infer.egress import Egress
+from hft_infer.heap import FrozenHeap
 from hft_infer.ingest import Ingest
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.base import EngineFailure
@@ -111,7 +111,7 @@ class Service:
         self._force = False
         self.failure = ""  # set when the engine failed: the final Status names it, serve exits non-zero
         self._fd_future: asyncio.Future | None = None
-        self._gc_frozen = False
+        self.heap = FrozenHeap(enabled=cfg.cpu.gc_freeze)
         self._engine_closed = False
         self._last_batch = 0
         self._service_recv: list[int] = []  # receive times of events decided since the last flush
@@ -386,8 +386,7 @@ class Service:
             self._ship(now)
             sockets.drain_subscriptions(self.egress_sock)
             self.clock.refresh()
-            if self._gc_frozen and gc.get_count()[0] > 10_000:
-                gc.collect(0)  # young generation only, here and never mid-burst
+            self.heap.collect_young()  # young generation only, here and never mid-burst
             if self.on_housekeeping is not None:
                 self.on_housekeeping()
 
@@ -424,11 +423,7 @@ class Service:
             loop.add_signal_handler(sig, self.request_stop)
         fd = self.ingest_sock.getsockopt(zmq.FD)
         loop.add_reader(fd, self._wake)
-        if cfg.cpu.gc_freeze:
-            gc.collect()
-            gc.freeze()  # everything allocated so far is permanent: never scanned again
-            gc.disable()  # young collections run in housekeeping instead
-            self._gc_frozen = True
+        self.heap.freeze()  # no-op if finish_warmup froze it already (serve passes it this heap)
         now = perf_ns()
         self._last_ship_ns = now
         self._next_ship_ns = now + cfg.metrics.stats_interval_ms * 1_000_000
@@ -446,8 +441,7 @@ class Service:
             loop.remove_reader(fd)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-            if self._gc_frozen:
-                gc.enable()
+            self.heap.restore()
 
     async def _loop(self) -> None:
         cfg = self.cfg.ingest

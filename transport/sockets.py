@@ -255,6 +255,24 @@ def _apply_curve(sock: zmq.Socket, curve: CurveServer | CurveClient | None) -> N
         sock.curve_serverkey = curve.server_public_key
 
 
+def _open(ctx: zmq.Context, sock_type: int, endpoint: str, *, bind_socket: bool, options: list[tuple[int, int]],
+          curve, subscribe: Iterable[bytes] = ()) -> tuple[zmq.Socket, str]:
+    """Create, configure and bind/connect one socket; a socket whose set-up fails is closed
+    here (linger 0), so a failed start leaves nothing that Context.term() would wait for."""
+    sock = ctx.socket(sock_type)
+    try:
+        for opt, value in options:
+            sock.setsockopt(opt, value)
+        _apply_curve(sock, curve)
+        for topic in subscribe:
+            sock.setsockopt(zmq.SUBSCRIBE, topic)
+        resolved = bind(sock, endpoint) if bind_socket else connect(sock, endpoint)
+    except BaseException:
+        sock.close(0)
+        raise
+    return sock, resolved
+
+
 def open_ingest(
     ctx: zmq.Context,
     endpoint: str,
@@ -276,16 +294,10 @@ def open_ingest(
     check_endpoint(endpoint, allow_remote=allow_remote, secured=curve is not None)
     if socket_type not in ("sub", "pull"):
         raise EndpointError(f"ingest socket_type must be sub or pull, not {socket_type!r}")
-    sock = ctx.socket(zmq.SUB if socket_type == "sub" else zmq.PULL)
-    sock.setsockopt(zmq.RCVHWM, rcv_hwm)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
-    sock.setsockopt(zmq.LINGER, 0)
-    _apply_curve(sock, curve)
-    if socket_type == "sub":
-        for topic in (topics if topics is not None else (b"",)):
-            sock.setsockopt(zmq.SUBSCRIBE, topic)
-    resolved = bind(sock, endpoint) if bind_socket else connect(sock, endpoint)
-    return sock, resolved
+    subscribe = (topics if topics is not None else (b"",)) if socket_type == "sub" else ()
+    return _open(ctx, zmq.SUB if socket_type == "sub" else zmq.PULL, endpoint, bind_socket=bind_socket,
+                 options=[(zmq.RCVHWM, rcv_hwm), (zmq.MAXMSGSIZE, max_msg_size), (zmq.LINGER, 0)], curve=curve,
+                 subscribe=subscribe)
 
 
 def open_egress(
@@ -310,13 +322,8 @@ def open_egress(
     discarded in housekeeping (`drain_subscriptions`).
     """
     check_endpoint(endpoint, allow_remote=allow_remote, secured=curve is not None)
-    sock = ctx.socket(zmq.XPUB)
-    sock.setsockopt(zmq.SNDHWM, snd_hwm)
-    sock.setsockopt(zmq.XPUB_NODROP, 1)
-    sock.setsockopt(zmq.LINGER, linger_ms)
-    _apply_curve(sock, curve)
-    resolved = bind(sock, endpoint) if bind_socket else connect(sock, endpoint)
-    return sock, resolved
+    return _open(ctx, zmq.XPUB, endpoint, bind_socket=bind_socket, curve=curve,
+                 options=[(zmq.SNDHWM, snd_hwm), (zmq.XPUB_NODROP, 1), (zmq.LINGER, linger_ms)])
 
 
 def drain_subscriptions(sock: zmq.Socket, limit: int = 1024) -> int:
@@ -340,12 +347,8 @@ def open_publisher(
 ) -> tuple[zmq.Socket, str]:
     """A market-data publisher (replay, bench, tests): PUB or PUSH."""
     check_endpoint(endpoint, allow_remote=allow_remote, secured=curve is not None)
-    sock = ctx.socket(zmq.PUB if socket_type == "pub" else zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, snd_hwm)
-    sock.setsockopt(zmq.LINGER, 2000)
-    _apply_curve(sock, curve)
-    resolved = bind(sock, endpoint) if bind_socket else connect(sock, endpoint)
-    return sock, resolved
+    return _open(ctx, zmq.PUB if socket_type == "pub" else zmq.PUSH, endpoint, bind_socket=bind_socket,
+                 options=[(zmq.SNDHWM, snd_hwm), (zmq.LINGER, 2000)], curve=curve)
 
 
 def open_subscriber(
@@ -359,11 +362,5 @@ def open_subscriber(
 ) -> zmq.Socket:
     """A decision subscriber (collector, tests, clients)."""
     check_endpoint(endpoint, allow_remote=allow_remote, secured=curve is not None)
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, rcv_hwm)
-    sock.setsockopt(zmq.LINGER, 0)
-    _apply_curve(sock, curve)
-    for topic in (topics if topics is not None else (b"",)):
-        sock.setsockopt(zmq.SUBSCRIBE, topic)
-    connect(sock, endpoint)
-    return sock
+    return _open(ctx, zmq.SUB, endpoint, bind_socket=False, options=[(zmq.RCVHWM, rcv_hwm), (zmq.LINGER, 0)],
+                 curve=curve, subscribe=topics if topics is not None else (b"",))[0]

@@ -200,7 +200,7 @@ def _prepare(service, cfg: Config, report, notifier, log) -> None:
     # start_timeout_s more before it gives up on READY=1 (TimeoutStartSec of the unit).
     notifier.extend_timeout(cfg.service.start_timeout_s)
     service.warm_up()
-    finish_warmup(report, strict=cfg.cpu.strict)
+    finish_warmup(report, strict=cfg.cpu.strict, heap=service.heap)
     service.placement = report.as_labels()
     for line in report.log_block().splitlines():
         log(line)

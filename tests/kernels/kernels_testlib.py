@@ -22,7 +22,7 @@ TOL = {
     # approximate instructions (~2 ulp). Seen ~1e-7..1e-6 under the interpreter.
     "fp32": 1e-5,
     # tf32 operands carry 10 explicit mantissa bits (rounding 2^-11 = 4.9e-4);
-    # one product lands near 3e-4 (METHOD.md); the window LSTM chains W = 50
+    # one product lands near 3e-4 (the tf32 rounding of its inputs); the window LSTM chains W = 50
     # steps x L layers of them, the MLP three layers over up to 1344 inputs.
     # The interpreter multiplies in full fp32, so there this bound is loose.
     "tf32": 5e-3,

@@ -3,7 +3,7 @@
     app      hft_infer.app.*, hft_infer.__main__: may import everything
     core     the rest of hft_infer: core and leaves, never replay or app
     replay   hft_infer.replay.*: replay and leaves only
-    leaves   transport, kernels, errors, clock, metrics: each imports only itself, except that
+    leaves   transport, kernels, errors, clock, heap, metrics: each imports only itself, except that
              metrics may use transport's wire types
 
 Every import counts, function-local ones too (they are dependencies all the same), and
@@ -31,6 +31,7 @@ LEAVES = {
     "hft_infer.kernels": {"hft_infer.kernels"},
     "hft_infer.errors": set(),
     "hft_infer.clock": set(),
+    "hft_infer.heap": set(),
     "hft_infer.metrics": {"hft_infer.metrics", "hft_infer.transport"},
 }
 
