@@ -1,19 +1,17 @@
 """The hot loop: one thread, run to completion, on uvloop; the device never blocks it.
 
     while running:
-        _ingest()       drain a burst: recv -> decode -> validate -> row -> queue (ingest.py)
-        _complete()     the oldest in-flight step is done? collect it, answer its events
-        _submit()       the device has a free staging buffer and a batch is due? form, stage, submit
-        egress.flush()  everything answered this iteration, in one frame (egress.py)
-        _housekeeping() when due: snapshot to the control process, Status, GC, watchdog, feed monitor
-        idle            fold a chunk of histogram samples, adapt the batching wait, then
-                        spin (busy) / spin then sleep on the socket FD (hybrid) / sleep (event)
+        step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py)
+        step.complete()  the oldest in-flight step is done? collect it, answer its events
+        step.submit()    the device can take a step and a batch is due? form, stage, submit
+        step.flush()     everything answered this iteration, in one frame (egress.py)
+        _housekeeping()  when due: snapshot to the control process, Status, GC, watchdog, feed monitor
+        idle             fold a chunk of histogram samples, adapt the batching wait, then
+                         spin (busy) / spin then sleep on the socket FD (hybrid) / sleep (event)
 
-A step may be in flight while the loop keeps ingesting (GPU engines; the CPU
-engine with `runner.cpu_worker`); steps complete in submission order. While
-one is, the loop ingests at most `inflight_rows` frames beyond what it had
-when that step was submitted (the feature ring is sized for it, so no row an
-in-flight step reads is ever overwritten); past that it waits for the step.
+The step phase lives in stepper.py: a step may be in flight while the loop
+keeps ingesting (GPU engines; the CPU engine with `runner.cpu_worker`), and
+steps complete in submission order.
 
 Every event that is read ends as exactly one of decided, shed, conflated or
 rejected (accounting.py); until then it holds a scheduler request id, which
@@ -28,19 +26,17 @@ answered and counted).
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import signal
 import sys
-from operator import itemgetter
 
 import zmq
-import zmq.utils.monitor
 
 from hft_infer.accounting import Accounting
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint
 from hft_infer.egress import Egress
+from hft_infer.feed_monitor import FeedMonitor
 from hft_infer.heap import FrozenHeap
 from hft_infer.ingest import Ingest
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
@@ -48,26 +44,18 @@ from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
 from hft_infer.runner.worker import WorkerEngine
 from hft_infer.scheduler import Scheduler
+from hft_infer.stepper import Stepper
 from hft_infer.transport import sockets
 from hft_infer.transport.codec import topic_for
-from hft_infer.transport.schema import SERVICE_TOPIC_ID, Kind, Outcome, Reason
+from hft_infer.transport.schema import SERVICE_TOPIC_ID, Kind, Reason
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
-DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
-STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
+STALE = int(Reason.STALE)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 GAP_WINDOW_NS = 100_000  # loop_gap: the worst gap between iterations per 100 us of loop time
-MONITOR_EVERY_NS = 10_000_000  # how often the feed connection's monitor is read
-RECONNECT_AFTER_NS = 200_000_000  # a lost feed connection libzmq has not restored by then is redone
 DRAIN_QUIET_NS = 100_000_000  # on stop: the feed is drained once it has been silent this long
 
-
-class _Batch:
-    __slots__ = ("rids", "t_submit", "frames_mark")
-
-    def __init__(self, rids: list[int], t_submit: int, frames_mark: int) -> None:
-        self.rids, self.t_submit, self.frames_mark = rids, t_submit, frames_mark
 
 
 class Service:
@@ -81,7 +69,7 @@ class Service:
         self.model_version = rt.model_version
         self.store = rt.store
         self.engine = WorkerEngine(rt.engine) if cfg.runner.cpu_worker and rt.engine.name == "eager" else rt.engine
-        self.inflight_rows = rt.inflight_rows
+        self._inflight_rows = rt.inflight_rows
         self.levels = rt.model.spec.levels
         self.class_table = self._class_table(cfg, ids)
         self.sched = Scheduler(cfg.scheduler, self.n_slots, sequential=rt.sequential, conflate=rt.conflate,
@@ -95,17 +83,17 @@ class Service:
         # sockets and what uses them: set by open_sockets, closed by close (in any state)
         self.ctx: zmq.Context | None = None
         self._owns_ctx = False
-        self.ingest_sock = self.egress_sock = self.control_sock = self.monitor_sock = None
+        self.ingest_sock = self.egress_sock = self.control_sock = None
         self.egress: Egress | None = None
         self.ingest: Ingest | None = None
+        self.step: Stepper | None = None
+        self.feed_monitor: FeedMonitor | None = None
         self.endpoints: dict[str, str] = {}
         self.placement: dict[str, str] = {}
         self.started_epoch_ns = 0
         self.on_housekeeping = None  # callback (systemd watchdog), set by serve
         self.on_stopping = None  # callback (systemd STOPPING=1), set by serve
         # loop state
-        self._inflight: collections.deque[_Batch] = collections.deque()
-        self._frames = 0  # frames ingested since start (the in-flight ring guard counts these)
         self._signals = 0
         self._stop_requested = False
         self._force = False
@@ -113,11 +101,7 @@ class Service:
         self._fd_future: asyncio.Future | None = None
         self.heap = FrozenHeap(enabled=cfg.cpu.gc_freeze)
         self._engine_closed = False
-        self._last_batch = 0
-        self._service_recv: list[int] = []  # receive times of events decided since the last flush
-        self._t_collect = 0
-        self._disconnected_at = 0
-        self._next_monitor_ns = self._next_ship_ns = self._next_status_ns = self._last_ship_ns = 0
+        self._next_ship_ns = self._next_status_ns = self._last_ship_ns = 0
 
     # ------------------------------------------------------------ set-up
 
@@ -156,8 +140,7 @@ class Service:
             rcv_hwm=cfg.ingest.rcv_hwm, max_msg_size=cfg.ingest.max_msg_size_bytes, allow_remote=allow,
             curve=curve_ingest)
         if not cfg.ingest.bind:  # a connecting socket: watch the connection (libzmq may not restore it)
-            self.monitor_sock = self.ingest_sock.get_monitor_socket(
-                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self.feed_monitor = FeedMonitor(self.ingest_sock, self.endpoints["ingest"], self.acct, self.log)
         # Stats to the control process: never wait for it (IMMEDIATE: no queue without a live
         # peer; tiny HWM; NOBLOCK sends, drops counted).
         ctl = expand_endpoint(cfg.metrics.control_endpoint, cfg)
@@ -179,6 +162,13 @@ class Service:
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,
             publish_shed=cfg.egress.publish_shed, publish_rejected=cfg.egress.publish_rejected,
             on_reset=self._reset_slots)
+        self.step = Stepper(engine=self.engine, sched=self.sched, store=self.store, ingester=self.ingest,
+                            egress=self.egress, acct=self.acct, clock=self.clock, stages=self.stages,
+                            instrument_ids=self.instrument_ids, inflight_rows=self._inflight_rows,
+                            max_drain=cfg.ingest.max_drain, publish_shed=cfg.egress.publish_shed)
+
+    def _reset_slots(self, slots: list[int]) -> None:
+        self.step.reset_slots(slots)
 
     def warm_up(self) -> None:
         """Run every bucket before serving (lazy init, allocator, caches), then reset state."""
@@ -205,143 +195,6 @@ class Service:
 
     # ------------------------------------------------------------ step: submit, complete
 
-    def _ingest(self) -> int:
-        """One burst, within what in-flight steps allow the feature ring to take."""
-        budget = self.cfg.ingest.max_drain
-        if self._inflight:
-            room = self.inflight_rows - (self._frames - self._inflight[0].frames_mark)
-            if room < budget:
-                if room <= 0:  # the oldest step still reads rows the next burst could overwrite
-                    self._complete(wait=True)
-                    return 0
-                budget = room
-        n = self.ingest.drain(budget)
-        if n:
-            self._frames += n
-            self.bufs["ingest"].add(self.ingest.burst_ns)
-            if self._inflight:
-                self.acct.overlapped += n
-        return n
-
-    def _submit(self, force: bool = False) -> int:
-        sched = self.sched
-        n = sched.form_batch(perf_ns(), force=force)
-        if sched.n_shed:
-            self._answer_stale(sched.shed_rids[: sched.n_shed])
-        if n == 0:
-            return 0
-        rids = sched.batch_rids[:n]
-        slots, positions = self.engine.request()
-        if n == 1:
-            slots[0], positions[0] = sched.r_slot[rids[0]], sched.r_pos[rids[0]]
-        else:
-            g = itemgetter(*rids)
-            slots[:n] = g(sched.r_slot)
-            positions[:n] = g(sched.r_pos)
-        t = perf_ns()
-        self.engine.submit(n)
-        self._inflight.append(_Batch(rids, t, self._frames))
-        self.acct.batches += 1
-        self._last_batch = n
-        while self._inflight and self.engine.poll():  # a CPU engine is done already: answer now
-            self._complete()
-        return n
-
-    def _complete(self, wait: bool = False) -> None:
-        """Collect the oldest in-flight step and answer its events."""
-        engine = self.engine
-        scores, actions = engine.finish() if wait else engine.collect()
-        t = perf_ns()
-        b = self._inflight.popleft()
-        rids, n = b.rids, len(b.rids)
-        sched = self.sched
-        if n == 1:
-            r = rids[0]
-            slots, seqs, sends = (sched.r_slot[r],), (sched.r_seq[r],), (sched.r_send_epoch_ns[r],)
-            recvs, nconfs, stales = (sched.r_recv_ns[r],), (sched.r_nconf[r],), (sched.r_stale[r],)
-        else:
-            g = itemgetter(*rids)
-            slots, seqs, sends = g(sched.r_slot), g(sched.r_seq), g(sched.r_send_epoch_ns)
-            recvs, nconfs, stales = g(sched.r_recv_ns), g(sched.r_nconf), g(sched.r_stale)
-        offset = self.clock.offset_ns
-        ids = self.instrument_ids
-        a = self.egress.answers
-        a.inst.extend([ids[s] for s in slots])
-        a.seq.extend(seqs)
-        a.nconf.extend(nconfs)
-        a.ts_send.extend(sends)
-        a.ts_recv.extend([r + offset for r in recvs])
-        if True in stales:  # sequential models apply stale rows but withhold their decisions
-            a.reason.extend([STALE if st else 0 for st in stales])
-            a.status.extend([SHED if st else DECIDED for st in stales])
-            a.action.extend([0 if st else int(x) for st, x in zip(stales, actions.tolist())])
-            a.score.extend([0.0 if st else x for st, x in zip(stales, scores.tolist())])
-            fresh = [r for st, r in zip(stales, recvs) if not st]
-            sent = [sd for st, sd in zip(stales, sends) if not st]
-            n_stale = n - len(fresh)
-            self.acct.shed_some(STALE, n_stale)
-        else:
-            a.reason.extend([0] * n)
-            a.status.extend([DECIDED] * n)
-            a.action.extend(actions.tolist())
-            a.score.extend(scores.tolist())
-            fresh, sent = recvs, sends
-        self.acct.decided += len(fresh)
-        self._service_recv.extend(fresh)
-        bufs = self.bufs
-        bufs["step"].values.append(t - b.t_submit)
-        if fresh:
-            t_sub = b.t_submit
-            bufs["queue"].values.extend([t_sub - r for r in fresh])
-            bufs["wire"].values.extend([r + offset - sd for r, sd in zip(fresh, sent) if sd])
-            if sched.adaptive is not None:
-                sched.adaptive.observe_batch(t - min(fresh))
-        release = sched.release
-        for r in rids:
-            release(r)
-        if not self._t_collect:
-            self._t_collect = t
-
-    def _answer_stale(self, rids: list[int]) -> None:
-        """Requests of conflating models found stale when their turn came (no step for them)."""
-        self._answer_shed(rids, STALE)
-
-    def _answer_shed(self, rids: list[int], reason: int) -> None:
-        sched = self.sched
-        self.acct.shed_some(reason, len(rids))
-        if self.cfg.egress.publish_shed:
-            offset = self.clock.offset_ns
-            for r in rids:
-                self.egress.answers.add(self.instrument_ids[sched.r_slot[r]], sched.r_seq[r], SHED, reason, 0, 0.0,
-                                        sched.r_nconf[r], sched.r_send_epoch_ns[r], sched.r_recv_ns[r] + offset)
-        for r in rids:
-            sched.release(r)
-
-    def _flush(self) -> None:
-        """Send this iteration's answers; record publish and service stages of the decided ones."""
-        if not len(self.egress.answers):
-            return
-        t = perf_ns()
-        self.egress.flush(t + self.clock.offset_ns)
-        t_sent = perf_ns()
-        if self._service_recv:
-            self.bufs["service"].values.extend([t_sent - r for r in self._service_recv])
-            self._service_recv.clear()
-        if self._t_collect:
-            self.bufs["publish"].add(t_sent - self._t_collect)
-            self._t_collect = 0
-
-    def _reset_slots(self, slots: list[int]) -> None:
-        """A Reset on the feed (cold): decide what is pending on the old state, then clear."""
-        while self._inflight:
-            self._complete(wait=True)
-        while self.sched.queued_slots:
-            self._submit(force=True)
-            while self._inflight:
-                self._complete(wait=True)
-        self.engine.reset_slots(slots)
-        self.store.reset_slots(slots)
-
     # ------------------------------------------------------------ housekeeping
 
     def pending(self) -> int:
@@ -364,7 +217,7 @@ class Service:
             interval_ns=now - self._last_ship_ns, engine=self.engine.name, engine_reason=self.engine.reason,
             model_version=self.model_version, counters=self.counters(), rejected_by_reason=self.acct.reasons(),
             gauges={"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
-                    "last_batch_size": float(self._last_batch), "rss_bytes": float(_rss_bytes())},
+                    "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes())},
             stages={k: to_wire(v) for k, v in interval.items()},
             histogram_highest_ns=self.cfg.metrics.highest_trackable_us * 1000,
             histogram_digits=self.cfg.metrics.significant_digits, placement=self.placement, final=final)
@@ -375,9 +228,8 @@ class Service:
             self.acct.control_dropped += 1
 
     def _housekeeping(self, now: int) -> None:
-        if now >= self._next_monitor_ns:
-            self._next_monitor_ns = now + MONITOR_EVERY_NS
-            self._watch_feed(now)
+        if self.feed_monitor is not None:
+            self.feed_monitor.check(now)
         if now >= self._next_status_ns:
             self._next_status_ns = now + self.cfg.egress.status_interval_ms * 1_000_000
             self.egress.send_status(self.status_message())
@@ -389,29 +241,6 @@ class Service:
             self.heap.collect_young()  # young generation only, here and never mid-burst
             if self.on_housekeeping is not None:
                 self.on_housekeeping()
-
-    def _watch_feed(self, now: int) -> None:
-        """libzmq drops a feed connection that sent more than ZMQ_MAXMSGSIZE and does not restore
-        it (seen with ipc and libzmq 4.3.5): count every loss, redo the connection if needed."""
-        mon = self.monitor_sock
-        if mon is None:
-            return
-        while mon.poll(0):
-            ev = zmq.utils.monitor.recv_monitor_message(mon)
-            if ev["event"] == zmq.EVENT_DISCONNECTED:
-                self.acct.ingest_disconnects += 1
-                self._disconnected_at = self._disconnected_at or now
-                self.log(f"warning: feed connection lost ({self.endpoints['ingest']}); reconnecting")
-            elif ev["event"] == zmq.EVENT_CONNECTED:
-                self._disconnected_at = 0
-        if self._disconnected_at and now - self._disconnected_at > RECONNECT_AFTER_NS:
-            ep = self.endpoints["ingest"]
-            try:
-                self.ingest_sock.disconnect(ep)
-            except zmq.ZMQError:
-                pass  # already gone: connect again below
-            self.ingest_sock.connect(ep)
-            self._disconnected_at = now  # retry later unless CONNECTED arrives
 
     # ------------------------------------------------------------ the loop
 
@@ -448,7 +277,7 @@ class Service:
         mode = cfg.poll_mode
         spin_ns = cfg.spin_budget_us * 1000
         yield_ns = cfg.yield_interval_us * 1000
-        engine, sched, stages = self.engine, self.sched, self.stages
+        engine, sched, stages, step = self.engine, self.sched, self.stages, self.step
         gap_buf = self.bufs["loop_gap"]
         last_yield = last_work = last_iter = perf_ns()
         gap_max = 0
@@ -463,13 +292,13 @@ class Service:
                 gap_buf.add(gap_max)
                 gap_max = 0
                 gap_window_end = now + GAP_WINDOW_NS
-            worked = self._ingest()
-            if self._inflight and engine.poll():
-                self._complete()
+            worked = step.ingest()
+            if step.inflight and engine.poll():
+                step.complete()
                 worked += 1
             if engine.can_submit and sched.queued_slots:
-                worked += self._submit()
-            self._flush()
+                worked += step.submit()
+            step.flush()
             self._housekeeping(now)
             if worked:
                 last_work = now
@@ -480,7 +309,7 @@ class Service:
                 stages.fold_some()  # idle: fold raw samples in bounded chunks
             elif sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
-            if self._inflight or mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns):
+            if step.inflight or mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns):
                 if now - last_yield >= yield_ns:
                     await asyncio.sleep(0)  # timers, signals, the FD reader
                     last_yield = perf_ns()
@@ -495,7 +324,9 @@ class Service:
         # edge, so look first.
         if sock.getsockopt(_EVENTS) & _POLLIN:
             return
-        wake_ns = min(self._next_ship_ns, self._next_status_ns, self._next_monitor_ns)
+        wake_ns = min(self._next_ship_ns, self._next_status_ns)
+        if self.feed_monitor is not None:
+            wake_ns = min(wake_ns, self.feed_monitor.next_check_ns)
         due = self.sched.batch_due_ns(now)
         if due == 0:
             return
@@ -517,35 +348,34 @@ class Service:
             self.on_stopping()
         deadline = perf_ns() + self.cfg.service.drain_timeout_ms * 1_000_000
         quiet_since = last_yield = perf_ns()
+        step = self.step
         # Frames already sent may still be in libzmq's I/O thread when the socket first looks
         # empty: read until the feed has been silent for DRAIN_QUIET_NS.
         while not self._force:
             now = perf_ns()
             if now >= deadline:
                 break
-            worked = self._ingest()
+            worked = step.ingest()
             if worked:
                 quiet_since = now
-            if self._inflight and self.engine.poll():
-                self._complete()
+            if step.inflight and self.engine.poll():
+                step.complete()
             elif self.engine.can_submit and self.sched.queued_slots:
-                self._submit(force=True)
-            elif not worked and not self._inflight and now - quiet_since > DRAIN_QUIET_NS:
+                step.submit(force=True)
+            elif not worked and not step.inflight and now - quiet_since > DRAIN_QUIET_NS:
                 break
-            self._flush()
+            step.flush()
             self._housekeeping(now)
             if now - last_yield > 1_000_000:
                 await asyncio.sleep(0)  # signals (a third one forces the drain)
                 last_yield = perf_ns()
-        while self._inflight:
-            self._complete(wait=True)
+        step.drain_inflight()
         if self._force:
             self.log(f"drain forced by a third signal: shedding {self.sched.pending} queued requests")
         elif self.sched.queued_slots:
             self.log(f"drain timed out: shedding {self.sched.pending} queued requests")
-        if self.sched.queued_slots:  # never leave them unaccounted
-            self._shed_all_queued()
-        self._flush()
+        step.shed_queued(STALE)  # what is left (out of time, or forced): never unaccounted
+        step.flush()
         now = perf_ns()
         self._ship(now, final=True)
         self.egress.send_status(self.status_message(final=True))
@@ -555,44 +385,22 @@ class Service:
         final Status, and let serve exit non-zero (systemd restarts the service)."""
         self.failure = f"{type(e).__name__}: {e}"
         self.log(f"fatal: {self.failure}")
-        lost = [r for b in self._inflight for r in b.rids]
-        self._inflight.clear()
-        saved = self.sched.max_age_ns
-        try:
-            self._answer_shed(lost, ENGINE_FAILURE)
-            self.sched.max_age_ns = -1
-            while self.sched.queued_slots:
-                n = self.sched.form_batch(perf_ns(), force=True)
-                self._answer_shed(self.sched.shed_rids[: self.sched.n_shed], ENGINE_FAILURE)
-                self._answer_shed(self.sched.batch_rids[:n], ENGINE_FAILURE)
-        finally:
-            self.sched.max_age_ns = saved
-        self._flush()
+        self.step.abandon()
+        self.step.flush()
         self._ship(perf_ns(), final=True)
         self.egress.send_status(self.status_message(final=True))
 
-    def _shed_all_queued(self) -> None:
-        sched = self.sched
-        saved = sched.max_age_ns
-        sched.max_age_ns = -1  # everything is stale now: conflating models shed at pick
-        try:
-            while sched.queued_slots:
-                n = sched.form_batch(perf_ns(), force=True)
-                if sched.n_shed:
-                    self._answer_stale(sched.shed_rids[: sched.n_shed])
-                if n:  # sequential discipline keeps stale requests in the batch: shed them unstepped
-                    self._answer_stale(sched.batch_rids[:n])
-        finally:
-            sched.max_age_ns = saved
-
     def close(self) -> None:
         """Close whatever was opened (also after a failed start); idempotent."""
-        for sock in (self.monitor_sock, self.ingest_sock, self.control_sock):
+        if self.feed_monitor is not None:
+            self.feed_monitor.close()
+            self.feed_monitor = None
+        for sock in (self.ingest_sock, self.control_sock):
             if sock is not None:
                 sock.close(0)
         if self.egress_sock is not None:
             self.egress_sock.close()  # linger: let the final decisions and Status out
-        self.monitor_sock = self.ingest_sock = self.control_sock = self.egress_sock = None
+        self.ingest_sock = self.control_sock = self.egress_sock = None
         if not self._engine_closed:
             self._engine_closed = True
             self.engine.close()

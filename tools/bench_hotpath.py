@@ -6,11 +6,11 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
 Rows (median of --reps repetitions):
 
-  ingest, burst        Service._ingest over a socket pre-filled with --n quotes (64 instruments):
+  ingest, burst        Stepper.ingest (Ingest.drain) over a socket pre-filled with --n quotes (64 instruments):
                        recv topic + payload, RCVMORE check, decode, inlined checks, sequence,
                        feature row, scheduler push; conflating (default model) and sequential
   ... parts            recv pair, + RCVMORE, decode, the big-int book check, write_quote, push
-  publish              Service._complete + _flush per decision, for a finished step of 1 / 8 / 64
+  publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 64
                        requests, egress.mode batch (one DecisionBatch) and per_instrument
   idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
   fold                 StageHistograms.fold_some of one chunk (4096 samples), per chunk
@@ -37,7 +37,8 @@ import zmq
 
 from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
-from hft_infer.service import Service, _Batch
+from hft_infer.service import Service
+from hft_infer.stepper import _Batch
 from hft_infer.transport.codec import IngressDecoder, _high_byte_masks, encode, pack_book, topic_for
 from hft_infer.transport.schema import Quote
 
@@ -83,12 +84,10 @@ class Rig:
 
     def reset(self) -> None:
         svc = self.svc
-        while svc._inflight:
-            svc._complete(wait=True)
+        svc.step.drain_inflight()
         while svc.sched.queued_slots:
-            svc._submit(force=True)
-            while svc._inflight:
-                svc._complete(wait=True)
+            svc.step.submit(force=True)
+            svc.step.drain_inflight()
         svc.egress.answers.clear()
         svc.store.reset_slots(range(svc.n_slots))
         svc.ingest.last_seq[:] = [-1] * svc.n_slots
@@ -109,7 +108,7 @@ def ingest_ns_per_event(rig: Rig, frames, reps: int) -> float:
         n = 0
         t0 = time.perf_counter_ns()
         while n < len(frames):
-            n += svc._ingest()
+            n += svc.step.ingest()
         out.append((time.perf_counter_ns() - t0) / len(frames))
         rig.reset()
     return statistics.median(out)
@@ -130,12 +129,12 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
         slots[:n] = [svc.sched.r_slot[r] for r in rids]
         positions[:n] = 0
         svc.engine.submit(n)
-        svc._inflight.append(_Batch(rids, time.perf_counter_ns(), 0))
+        svc.step.inflight.append(_Batch(rids, time.perf_counter_ns(), 0))
         while not svc.engine.poll():  # a GPU step: wait for it outside the timed part
             pass
         t0 = time.perf_counter_ns()
-        svc._complete()
-        svc._flush()
+        svc.step.complete()
+        svc.step.flush()
         out.append((time.perf_counter_ns() - t0) / n)
     return statistics.median(out)
 

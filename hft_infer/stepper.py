@@ -1,0 +1,216 @@
+"""The step phase of the hot loop: form a batch, stage and submit it, collect it, answer it.
+
+Owned by the Service (service.py), which calls, once per loop iteration:
+
+    stepper.ingest()      a burst of the feed, within what in-flight steps allow
+    stepper.complete()    when engine.poll() says the oldest in-flight step is done
+    stepper.submit()      when the engine can take a step and the scheduler has one due
+    stepper.flush()       everything answered this iteration, in one egress flush
+
+Steps complete in submission order (a FIFO of `_Batch`). While a step is in
+flight the loop ingests at most `inflight_rows` frames beyond what it had when
+that step was submitted: the feature ring is sized for it (runner/select.py),
+so no row an in-flight step reads is ever overwritten; past that the loop
+waits for the step. Stage samples are recorded per step or per burst, as
+Python list extends (metrics.SampleBuffer): no numpy call per step.
+"""
+
+from __future__ import annotations
+
+import collections
+from operator import itemgetter
+
+from hft_infer.clock import perf_ns
+from hft_infer.transport.schema import Outcome, Reason
+
+DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
+STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
+
+
+class _Batch:
+    __slots__ = ("rids", "t_submit", "frames_mark")
+
+    def __init__(self, rids: list[int], t_submit: int, frames_mark: int) -> None:
+        self.rids, self.t_submit, self.frames_mark = rids, t_submit, frames_mark
+
+
+class Stepper:
+    def __init__(self, *, engine, sched, store, ingester, egress, acct, clock, stages, instrument_ids: list[int],
+                 inflight_rows: int, max_drain: int, publish_shed: bool) -> None:
+        self.engine, self.sched, self.store = engine, sched, store
+        self.ingester, self.egress, self.acct, self.clock = ingester, egress, acct, clock
+        self.bufs = stages.buffers
+        self.ids = instrument_ids
+        self.inflight_rows = inflight_rows
+        self.max_drain = max_drain
+        self.publish_shed = publish_shed
+        self.inflight: collections.deque[_Batch] = collections.deque()
+        self.frames = 0  # frames ingested since start (the in-flight ring guard counts these)
+        self.last_batch = 0
+        self._service_recv: list[int] = []  # receive times of events decided since the last flush
+        self._t_collect = 0
+
+    def ingest(self) -> int:
+        """One burst, within what in-flight steps allow the feature ring to take."""
+        budget = self.max_drain
+        if self.inflight:
+            room = self.inflight_rows - (self.frames - self.inflight[0].frames_mark)
+            if room < budget:
+                if room <= 0:  # the oldest step still reads rows the next burst could overwrite
+                    self.complete(wait=True)
+                    return 0
+                budget = room
+        n = self.ingester.drain(budget)
+        if n:
+            self.frames += n
+            self.bufs["ingest"].add(self.ingester.burst_ns)
+            if self.inflight:
+                self.acct.overlapped += n
+        return n
+
+    def submit(self, force: bool = False) -> int:
+        sched = self.sched
+        n = sched.form_batch(perf_ns(), force=force)
+        if sched.n_shed:
+            self.answer_stale(sched.shed_rids[: sched.n_shed])
+        if n == 0:
+            return 0
+        rids = sched.batch_rids[:n]
+        slots, positions = self.engine.request()
+        if n == 1:
+            slots[0], positions[0] = sched.r_slot[rids[0]], sched.r_pos[rids[0]]
+        else:
+            g = itemgetter(*rids)
+            slots[:n] = g(sched.r_slot)
+            positions[:n] = g(sched.r_pos)
+        t = perf_ns()
+        self.engine.submit(n)
+        self.inflight.append(_Batch(rids, t, self.frames))
+        self.acct.batches += 1
+        self.last_batch = n
+        while self.inflight and self.engine.poll():  # a CPU engine is done already: answer now
+            self.complete()
+        return n
+
+    def complete(self, wait: bool = False) -> None:
+        """Collect the oldest in-flight step and answer its events."""
+        engine = self.engine
+        scores, actions = engine.finish() if wait else engine.collect()
+        t = perf_ns()
+        b = self.inflight.popleft()
+        rids, n = b.rids, len(b.rids)
+        sched = self.sched
+        if n == 1:
+            r = rids[0]
+            slots, seqs, sends = (sched.r_slot[r],), (sched.r_seq[r],), (sched.r_send_epoch_ns[r],)
+            recvs, nconfs, stales = (sched.r_recv_ns[r],), (sched.r_nconf[r],), (sched.r_stale[r],)
+        else:
+            g = itemgetter(*rids)
+            slots, seqs, sends = g(sched.r_slot), g(sched.r_seq), g(sched.r_send_epoch_ns)
+            recvs, nconfs, stales = g(sched.r_recv_ns), g(sched.r_nconf), g(sched.r_stale)
+        offset = self.clock.offset_ns
+        ids = self.ids
+        a = self.egress.answers
+        a.inst.extend([ids[s] for s in slots])
+        a.seq.extend(seqs)
+        a.nconf.extend(nconfs)
+        a.ts_send.extend(sends)
+        a.ts_recv.extend([r + offset for r in recvs])
+        if True in stales:  # sequential models apply stale rows but withhold their decisions
+            a.reason.extend([STALE if st else 0 for st in stales])
+            a.status.extend([SHED if st else DECIDED for st in stales])
+            a.action.extend([0 if st else int(x) for st, x in zip(stales, actions.tolist())])
+            a.score.extend([0.0 if st else x for st, x in zip(stales, scores.tolist())])
+            fresh = [r for st, r in zip(stales, recvs) if not st]
+            sent = [sd for st, sd in zip(stales, sends) if not st]
+            n_stale = n - len(fresh)
+            self.acct.shed_some(STALE, n_stale)
+        else:
+            a.reason.extend([0] * n)
+            a.status.extend([DECIDED] * n)
+            a.action.extend(actions.tolist())
+            a.score.extend(scores.tolist())
+            fresh, sent = recvs, sends
+        self.acct.decided += len(fresh)
+        self._service_recv.extend(fresh)
+        bufs = self.bufs
+        bufs["step"].values.append(t - b.t_submit)
+        if fresh:
+            t_sub = b.t_submit
+            bufs["queue"].values.extend([t_sub - r for r in fresh])
+            bufs["wire"].values.extend([r + offset - sd for r, sd in zip(fresh, sent) if sd])
+            if sched.adaptive is not None:
+                sched.adaptive.observe_batch(t - min(fresh))
+        release = sched.release
+        for r in rids:
+            release(r)
+        if not self._t_collect:
+            self._t_collect = t
+
+    def answer_stale(self, rids: list[int]) -> None:
+        """Requests of conflating models found stale when their turn came (no step for them)."""
+        self.answer_shed(rids, STALE)
+
+    def answer_shed(self, rids: list[int], reason: int) -> None:
+        sched = self.sched
+        self.acct.shed_some(reason, len(rids))
+        if self.publish_shed:
+            offset = self.clock.offset_ns
+            for r in rids:
+                self.egress.answers.add(self.ids[sched.r_slot[r]], sched.r_seq[r], SHED, reason, 0, 0.0,
+                                        sched.r_nconf[r], sched.r_send_epoch_ns[r], sched.r_recv_ns[r] + offset)
+        for r in rids:
+            sched.release(r)
+
+    def flush(self) -> None:
+        """Send this iteration's answers; record publish and service stages of the decided ones."""
+        if not len(self.egress.answers):
+            return
+        t = perf_ns()
+        self.egress.flush(t + self.clock.offset_ns)
+        t_sent = perf_ns()
+        if self._service_recv:
+            self.bufs["service"].values.extend([t_sent - r for r in self._service_recv])
+            self._service_recv.clear()
+        if self._t_collect:
+            self.bufs["publish"].add(t_sent - self._t_collect)
+            self._t_collect = 0
+
+    def reset_slots(self, slots: list[int]) -> None:
+        """A Reset on the feed (cold): decide what is pending on the old state, then clear."""
+        self.drain_inflight()
+        while self.sched.queued_slots:
+            self.submit(force=True)
+            while self.inflight:
+                self.complete(wait=True)
+        self.engine.reset_slots(slots)
+        self.store.reset_slots(slots)
+
+    def shed_queued(self, reason: int) -> None:
+        """Shed every queued request with `reason`, unstepped (a drain out of time or forced, an
+        engine failure): never leave one unaccounted."""
+        sched = self.sched
+        saved = sched.max_age_ns
+        sched.max_age_ns = -1  # everything is stale now: conflating models shed it at pick
+        try:
+            while sched.queued_slots:
+                n = sched.form_batch(perf_ns(), force=True)
+                if sched.n_shed:
+                    self.answer_shed(sched.shed_rids[: sched.n_shed], reason)
+                if n:  # the sequential discipline keeps stale requests in the batch
+                    self.answer_shed(sched.batch_rids[:n], reason)
+        finally:
+            sched.max_age_ns = saved
+
+    def drain_inflight(self) -> None:
+        """Wait for and answer every step in flight (cold: resets, shutdown)."""
+        while self.inflight:
+            self.complete(wait=True)
+
+    def abandon(self, reason: int = ENGINE_FAILURE) -> None:
+        """The engine failed: its in-flight steps will never be collected; answer them and
+        everything queued as shed with `reason`."""
+        lost = [r for b in self.inflight for r in b.rids]
+        self.inflight.clear()
+        self.answer_shed(lost, reason)
+        self.shed_queued(reason)
