@@ -5,12 +5,23 @@ Schedules (offsets in ns from the start, one per event):
 - `constant_rate(n, rate)`, `poisson_rate(n, rate, seed)`;
 - `as_fast_as_possible(n)`: all zero (--max).
 
-The pacer spins to hit each intended time, sleeping only when it is far ahead,
-and never waits for the service (open loop): when it falls behind it sends
-immediately and its lateness (actual - intended) is recorded, so pacing error
-is visible rather than silently stretching the schedule. Latency measured
-from the *intended* time therefore includes any backlog the service causes
-(no coordinated omission).
+The pacer never waits for the service (open loop): when it falls behind it
+sends at once and records its lateness (actual - intended), so pacing error is
+visible rather than silently stretching the schedule. Latency measured from
+the *intended* time therefore includes any backlog the service causes (no
+coordinated omission). Two ways to wait for a send time:
+
+- spin (`spin=True`): read the clock until the time has come, sleeping only
+  when more than SLEEP_THRESHOLD_NS ahead. Accurate, and takes a whole core:
+  for a core of its own (`replay.pacer_proc` pins it there).
+- sleep (`spin=False`): sleep through every wait. Less accurate (a wake-up
+  per send; `replay.child.set_timer_slack` takes the kernel's default 50 us
+  timer slack off it), and it leaves the CPU to the service: the choice on
+  machines with too few cores to give each process its own.
+
+Nothing else shares the pacer's thread: decisions are received by a separate
+collector process (`replay.collector_proc`), so a send burst never delays the
+timestamp of a decision.
 
 Frames are encoded before the run. The publisher's `ts_send_ns` field is
 patched in place just before each send (the frame was encoded with a
@@ -37,19 +48,10 @@ TS_SENTINEL = 0x7FFF_FFFF_FFFF_FFF0
 _SENTINEL_BYTES = b"\xcf" + TS_SENTINEL.to_bytes(8, "big")
 _U64 = struct.Struct(">Q")
 
-# Sleep only when more than this ahead of schedule (time.sleep overshoots by
-# ~60-100 us on the dev VM); otherwise spin.
+# Spinning pacer: sleep only when more than this ahead of schedule, and wake
+# this much before the send time (time.sleep overshoots by ~20-100 us).
 SLEEP_THRESHOLD_NS = 2_000_000
 SLEEP_MARGIN_NS = 1_000_000
-# While spinning ahead of schedule, call the idle hook (collector) when at
-# least this much time is left before the next send.
-IDLE_HOOK_MIN_NS = 20_000
-# A sleeping pacer (spin=False) sleeps in slices of this length and runs the
-# idle hook between them: the collector shares the thread, and a decision
-# that arrives during a long sleep must be timestamped when it arrives, not
-# when the next send is due (that would add up to a whole inter-send gap to
-# the measured latency).
-SLEEP_SLICE_NS = 100_000
 
 
 def constant_rate(n: int, rate: float) -> np.ndarray:
@@ -103,6 +105,44 @@ def feed_from_frames(frames: list[tuple[bytes, bytes]]) -> EncodedFeed:
     return EncodedFeed([t for t, _ in frames], [bytearray(p) for _, p in frames], [-1] * len(frames))
 
 
+def _pack(frames) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(f) for f in frames), dtype=np.uint32, count=len(frames))
+    return np.frombuffer(b"".join(frames), dtype=np.uint8), lengths
+
+
+def _unpack(blob: np.ndarray, lengths: np.ndarray, kind=bytes) -> list:
+    data = blob.tobytes()
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    starts = [0] + ends[:-1]
+    return [kind(data[a:b]) for a, b in zip(starts, ends)]
+
+
+def save_feed(path: str, feed: EncodedFeed, offsets_ns: np.ndarray) -> None:
+    """Write the frames and their intended offsets for a pacer process (`load_feed`)."""
+    t_blob, t_len = _pack(feed.topics)
+    p_blob, p_len = _pack(feed.payloads)
+    np.savez(path, topic_blob=t_blob, topic_len=t_len, payload_blob=p_blob, payload_len=p_len,
+             ts_offsets=np.asarray(feed.ts_offsets, dtype=np.int64), offsets_ns=offsets_ns.astype(np.int64))
+
+
+def load_feed(path: str) -> tuple[EncodedFeed, np.ndarray]:
+    with np.load(path) as z:
+        topics = _unpack(z["topic_blob"], z["topic_len"])
+        payloads = _unpack(z["payload_blob"], z["payload_len"], bytearray)
+        return EncodedFeed(topics, payloads, z["ts_offsets"].tolist()), z["offsets_ns"].copy()
+
+
+def direct_send(sock: zmq.Socket):
+    """`sock.send` without pyzmq's Python layer: the compiled backend method, bound, to be
+    called positionally as send(data, flags, copy, track). zmq.Socket.send is a Python
+    wrapper (draft sockets' routing_id/group) that calls it with keyword arguments; the
+    direct call costs about half (tools/bench_capture.py). Falls back to sock.send."""
+    for klass in type(sock).__mro__[1:]:
+        if klass.__module__.startswith("zmq.backend") and "send" in vars(klass):
+            return klass.send.__get__(sock)
+    return lambda data, flags=0, copy=True, track=False: sock.send(data, flags, copy=copy, track=track)
+
+
 @dataclass
 class PaceResult:
     intended_mono_ns: np.ndarray  # intended send time per event (perf_counter_ns clock)
@@ -122,7 +162,6 @@ class PaceResult:
 
 class Pacer:
     def __init__(self, sock: zmq.Socket, feed: EncodedFeed, offsets_ns: np.ndarray, *, topic_frame: bool = True,
-                 idle_hook: Callable[[], object] | None = None,
                  progress_hook: Callable[[int, int], object] | None = None,
                  progress_interval_s: float = 1.0, spin: bool = True) -> None:
         if len(feed) != offsets_ns.shape[0]:
@@ -131,76 +170,69 @@ class Pacer:
         self.feed = feed
         self.offsets = offsets_ns.astype(np.int64)
         self.topic_frame = topic_frame
-        self.idle_hook = idle_hook
         self.progress_hook = progress_hook
         self.progress_interval_ns = int(progress_interval_s * 1e9)
-        # spin=False: sleep through every wait (less accurate, lateness recorded): for
-        # machines where a spinning pacer would share cores with a spinning service.
-        self.sleep_threshold_ns = SLEEP_THRESHOLD_NS if spin else 0
-        self.sleep_margin_ns = SLEEP_MARGIN_NS if spin else 0
-        self.sleep_slice_ns = None if spin else SLEEP_SLICE_NS
+        self.spin = spin
         self._stop = False
 
     def stop(self) -> None:
         self._stop = True
 
-    def run(self, start_delay_ns: int = 1_000_000) -> PaceResult:
+    def run(self, start_mono_ns: int | None = None, start_delay_ns: int = 1_000_000) -> PaceResult:
+        """Send every frame at its intended time; the schedule starts at `start_mono_ns`
+        (perf_counter_ns clock), or `start_delay_ns` from now."""
         # A full collection over the feed's millions of objects would stall the
         # schedule for milliseconds: freeze what exists, collect nothing mid-run.
         gc.collect()
         gc.freeze()
         gc.disable()
         try:
-            return self._run(start_delay_ns)
+            return self._run(perf_ns() + start_delay_ns if start_mono_ns is None else start_mono_ns)
         finally:
             gc.enable()
             gc.unfreeze()
 
-    def _run(self, start_delay_ns: int) -> PaceResult:
+    def _run(self, start: int) -> PaceResult:
         n = len(self.feed)
-        start = perf_ns() + start_delay_ns
         intended = self.offsets + start
         targets = intended.tolist()  # Python ints: cheap to compare in the loop
         actual = [0] * n
         topics, payloads, ts_off = self.feed.topics, self.feed.payloads, self.feed.ts_offsets
-        send = self.sock.send
+        send = direct_send(self.sock)
         SNDMORE = int(zmq.SNDMORE)  # a plain int: an enum flag costs ~1.7 us per send (tools/bench_capture.py)
         pack_into = _U64.pack_into
         time_ns = time.time_ns
-        idle = self.idle_hook
+        sleep = time.sleep
         progress = self.progress_hook
         next_progress = start + self.progress_interval_ns
         topic_frame = self.topic_frame
-        sleep_threshold, sleep_margin = self.sleep_threshold_ns, self.sleep_margin_ns
-        slice_ns = self.sleep_slice_ns
+        spin = self.spin
         i = 0
         while i < n and not self._stop:
             target = targets[i]
             now = perf_ns()
-            while now < target:
-                ahead = target - now
-                if ahead > sleep_threshold:
-                    if idle is not None:
-                        idle()
-                    nap = ahead - sleep_margin
-                    time.sleep((nap if slice_ns is None or nap < slice_ns else slice_ns) / 1e9)
-                elif idle is not None and ahead > IDLE_HOOK_MIN_NS:
-                    idle()
-                now = perf_ns()
+            if now < target:
+                if spin:
+                    while now < target:
+                        if target - now > SLEEP_THRESHOLD_NS:
+                            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
+                        now = perf_ns()
+                else:
+                    while now < target:  # a wake-up may come early (signal) or late (scheduler)
+                        sleep((target - now) / 1e9)
+                        now = perf_ns()
             off = ts_off[i]
             payload = payloads[i]
             if off >= 0:
-                pack_into(payload, off, time_ns())  # CLOCK_REALTIME now (see EpochClock.sync)
+                pack_into(payload, off, time_ns())  # CLOCK_REALTIME read now, never a stale offset
             if topic_frame:
-                send(topics[i], SNDMORE)
-            send(payload)
+                send(topics[i], SNDMORE, True, False)
+            send(payload, 0, True, False)
             actual[i] = now
             i += 1
             if now >= next_progress:
                 next_progress = now + self.progress_interval_ns
                 if progress is not None:
                     progress(i, n)
-                if idle is not None:
-                    idle()  # behind schedule for a long stretch: still read decisions now and then
         elapsed = (actual[i - 1] - actual[0]) / 1e9 if i else 0.0
         return PaceResult(intended, np.asarray(actual, dtype=np.int64), i, max(elapsed, 1e-9))
