@@ -178,6 +178,10 @@ class CollectorResult:
     answers: Answers = field(repr=False, default=None)
     tick_recv_mono_ns: np.ndarray = field(repr=False, default=None)  # receive time of each measured decision
     tick_ns: np.ndarray = field(repr=False, default=None)  # its tick-to-decision
+    tick_event: np.ndarray = field(repr=False, default=None)  # the event (index into the table) of each
+    # per event, from the pacer (set by the driver): intended and actual send time
+    intended_mono_ns: np.ndarray = field(repr=False, default=None)
+    actual_mono_ns: np.ndarray = field(repr=False, default=None)
 
     @property
     def decisions(self) -> list[Decision]:
@@ -266,7 +270,7 @@ def analyse(answers: Answers, instruments: np.ndarray, seqs: np.ndarray, intende
         "lost": lost,
     }
     return CollectorResult(accounting, summarize(hist), hist, summarize(wire), status, duplicates, unmatched,
-                           measure_from, outcome, answers, t_dec, ticks)
+                           measure_from, outcome, answers, t_dec, ticks, ev_dec[keep])
 
 
 class Collector:

@@ -283,9 +283,9 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
 
     answers = decode_frames(frames, np.concatenate(recv_ns) if recv_ns else np.zeros(0, np.int64))
     if load.event_record is None:
-        intended, sent = intended_all, sent_frames
+        intended, actual_ev, sent = intended_all, actual, sent_frames
     else:  # not every frame is an event (captures hold heartbeats too)
-        intended = intended_all[load.event_record]
+        intended, actual_ev = intended_all[load.event_record], actual[load.event_record]
         sent = int(np.count_nonzero(load.event_record < sent_frames))
     baseline = None
     if not target.start_service:  # a running service: subtract its counters from before our start
@@ -293,6 +293,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         baseline = before[-1] if before else None
     result = analyse(answers, load.events["instrument"], load.events["seq"], intended, sent,
                      measure_from=load.measure_from, baseline=baseline)
+    result.intended_mono_ns, result.actual_mono_ns = intended, actual_ev
     lateness = new_histogram()
     record_array(lateness, (actual - intended_all)[:sent_frames][load.measure_from:])
     status = result.service_status

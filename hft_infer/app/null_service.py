@@ -147,19 +147,20 @@ class NullService:
         recv, decode, topic_in = self.ingest.recv, self.decode, self.topic_in
         insts, seqs, sends = [], [], []
         got = 0
+        payload = None
         try:
             while got < self.max_drain:
+                payload = None  # if the next recv raises Again, no frame of a message is pending
                 payload = recv(_NB)
                 got += 1
                 if topic_in:
                     if len(payload) != 4:  # a message where its topic should be: single-frame
                         self._reject(Reason.BAD_FRAMING)
                         continue
-                    try:
-                        payload = recv(_NB)
-                    except zmq.Again:  # a lone 4-byte frame
+                    payload = recv(_NB)  # Again here: a lone topic frame at the end (below)
+                    while len(payload) == 4:  # the topic before was a lone frame; this is the next topic
                         self._reject(Reason.BAD_FRAMING)
-                        break
+                        payload = recv(_NB)
                 try:
                     head = decode(payload)
                 except msgspec.DecodeError:
@@ -178,7 +179,8 @@ class NullService:
                 else:
                     self.resets += 1
         except zmq.Again:
-            pass
+            if topic_in and payload is not None and len(payload) == 4:
+                self._reject(Reason.BAD_FRAMING)  # a topic frame whose message never came
         self.received += len(insts)
         return insts, seqs, sends, got
 
