@@ -192,3 +192,22 @@ def test_replay_quiet_still_counts_skipped_lobster_lines(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     assert "1 malformed lines skipped" in r.stderr
     assert "skipped " + str(msg) not in r.stderr  # the list itself is what --quiet leaves out
+
+
+def test_bench_with_floor_reports_the_floor_beside_the_service(tmp_path):
+    from service_harness import TEST_MODEL
+
+    env = dict(os.environ, HFT_INFER_RUNTIME_DIR=str(tmp_path))
+    r = cli("bench", "--with-floor", "--rate", "2000", "--duration", "1", "--warmup", "0.2", "--quiet",
+            "--set", "service.name=hf", *sum((["--set", o] for o in TEST_MODEL), []),
+            "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "out.json"), env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    out = json.loads((tmp_path / "out.json").read_text())
+    floor = out["floor"]
+    assert floor["service"] == "null" and out["service"] == "child" and out["engine"] == "eager"
+    assert floor["accounting"]["lost"] == 0 and floor["accounting"]["decided"] == 2400
+    assert floor["tick_to_decision"]["count"] == 2000 and floor["harness"] == out["harness"]
+    assert out["vs_floor"]["p99_us"] == out["tick_to_decision"]["p99_us"] / floor["tick_to_decision"]["p99_us"]
+    assert set(out["stages"]) >= {"wire", "step", "service"}
+    assert "floor: the null service under the same load" in r.stdout and "service / floor" in r.stdout
+    assert json.loads((tmp_path / "run" / "floor" / "summary.json").read_text())["service"] == "null"
