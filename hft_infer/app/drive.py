@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -37,6 +38,7 @@ import zmq
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from hft_infer.affinity import parse_cpulist
 from hft_infer.app.launcher import ServiceProcess, plan_harness, private_runtime_dir
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
@@ -225,6 +227,10 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                 raise
             raise UserError(f"no service answered on the config's endpoints within 30 s ({e}): is `hft-infer "
                             f"serve` running with this config?") from None
+        seen = _placed_hot_cores(service.log_path) if service is not None else None
+        if seen is not None and set(seen) & ({plan.pacer_core} | set(plan.collector_cores)) - {None}:
+            say(f"{label}: warning: the service placed itself on core(s) {seen}, which the harness expected "
+                f"free (planned {plan.service_cores}): the measurement shares cores")
         say(f"{label}: service ready; sending {len(load.feed):,} events ({load.description}); {plan.describe()}")
         start = perf_ns() + START_LEAD_NS
         if stats is not None and load.measure_from:
@@ -313,7 +319,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
                          f"warm-up events",
-        "harness": plan.as_dict() | {"collectors": harness.collectors},
+        "harness": plan.as_dict() | {"collectors": harness.collectors, "service_cores_seen": seen},
         "answer_frames": {"decision": answers.decision_frames, "batch": answers.batch_frames,
                           "undecodable": answers.undecodable_frames},
         "service_exit_code": service.proc.returncode if service is not None else None,
@@ -325,6 +331,17 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
       | (extra or {})
     _write_histograms(run_dir, result, lateness)
     return out, stats, result
+
+
+def _placed_hot_cores(log_path: Path) -> list[int] | None:
+    """The hot core(s) the child service reports in its placement block (None: no block)."""
+    try:
+        m = re.search(r"placement: mode=\S+ .*? hot=(\S+)", log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    if m is None:
+        return None
+    return [] if m.group(1) == "-" else parse_cpulist(m.group(1))
 
 
 def _send_all(children: list[Child], *words) -> dict[Child, str]:
