@@ -39,7 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.progress import Progress as RichProgress
 
 from hft_infer.affinity import parse_cpulist
-from hft_infer.app.launcher import ServiceProcess, plan_harness, private_runtime_dir
+from hft_infer.app.launcher import READY_TIMEOUT_S, ServiceProcess, plan_harness, private_runtime_dir, tail
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
 from hft_infer.errors import UserError
@@ -217,11 +217,12 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
             if stats is not None:
                 stats.poll()
             if service is not None and service.proc.poll() is not None:
-                raise UserError(f"the service exited (code {service.proc.returncode}); see {service.log_path}")
+                raise UserError(f"the service exited (code {service.proc.returncode}); the end of "
+                                f"{service.log_path}:\n{tail(service.log_path)}")
 
         try:
             wait_replies({pacer: "subscribed", **{c: "ready" for c in collectors}},
-                         180.0 if target.start_service else 30.0, on_idle=idle)
+                         READY_TIMEOUT_S if target.start_service else 30.0, on_idle=idle)
         except ChildError as e:
             if "no reply" not in str(e) or target.start_service:
                 raise
