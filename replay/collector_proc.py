@@ -128,18 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         rx.drain()
         now = perf_ns()
-        if a.spin:
-            if now < next_check:
+        if now < next_check:
+            if a.spin:
                 continue
-            next_check = now + COMMAND_CHECK_NS
-            lines = commands.poll(0)
-        else:
+            # blocking: sleep in zmq_poll until a frame, a command or the next check is due
             timeout_ms = 10 if waiting is not None and waiting[0] == "quiet" else 100
             events = dict(poller.poll(timeout_ms))
-            if sock in events:
+            if sock in events and commands.fd not in events:
                 continue
-            lines = commands.poll(0) if commands.fd in events else []
             now = perf_ns()
+        next_check = now + COMMAND_CHECK_NS  # also while frames never stop coming
+        lines = commands.poll(0)
         if not ready and rx.status_at:
             reply("ready")
             ready = True

@@ -40,9 +40,11 @@ def cli(*args, env=None, timeout=300):
 def test_a_decision_that_arrives_during_a_send_burst_is_timestamped_when_it_arrives(tmp_path):
     """Group A (20 events at t=0) is answered by the null service D after it received them,
     while the pacer is still sending group B (an as-fast-as-possible burst). A collector that
-    shared the pacer's thread would read A's answers only after the burst; one of its own
-    must read them within a bound of D."""
-    delay_ms, bound_ms, n_a, n_b = 50, 50, 20, 200_000
+    shared the pacer's thread would read A's answers only after the burst (measured: 366 ms
+    after their send, for a 363 ms burst, docs/notes/replay.md); one of its own reads them
+    within a bound of D, long before the burst ends. The bound is generous: on two shared
+    cores the pacer, the null service and four I/O threads are all busy during the burst."""
+    delay_ms, bound_ms, n_a, n_b = 50, 150, 20, 300_000
     overrides = ["service.name=hb", "universe.instruments=8"]
     cfg = load_config(None, overrides)
     events = generate(n_a + n_b, SyntheticConfig(instruments=8, seed=3))
@@ -56,8 +58,9 @@ def test_a_decision_that_arrives_during_a_send_burst_is_timestamped_when_it_arri
     assert in_a.sum() == n_a
     recv_a = res.tick_recv_mono_ns[in_a]
     after_send_ms = (recv_a - res.actual_mono_ns[res.tick_event[in_a]]) / 1e6  # answer received - actual send
-    # the burst was still being sent when A's answers came back: the case that matters
-    assert res.actual_mono_ns[-1] > recv_a.max(), "burst too short to overlap the answers: raise n_b"
+    burst_end = res.actual_mono_ns[-1]
+    # the answers came back while the burst was still being sent: the case that matters
+    assert (burst_end - recv_a.max()) / 1e6 > 100, "burst too short to overlap the answers: raise n_b"
     assert after_send_ms.min() >= delay_ms  # never before the null service's delay has passed
     assert after_send_ms.max() <= delay_ms + bound_ms, after_send_ms.max()
 
