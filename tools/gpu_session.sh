@@ -80,6 +80,14 @@ if ! $PY -c 'import hft_infer.app.cli' 2>/dev/null; then
   log "hft_infer not importable: pip install --no-deps -e ."
   $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3 | tee -a "$OUT/session.log"
 fi
+if ! $PY -c 'import hft_infer.app.cli' 2>/dev/null; then
+  # no install possible: the package as pyproject.toml maps it (transport/ -> hft_infer/transport, ...)
+  log "still not importable: a copy of the package tree on PYTHONPATH"
+  pkg=$(mktemp -d /tmp/hft-pkg-XXXXXX)
+  cp -r hft_infer "$pkg/hft_infer"
+  for d in transport kernels replay configs; do cp -r "$d" "$pkg/hft_infer/$d"; done
+  export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}"
+fi
 if [ "$phase" != summary ] || [ ! -f "$WORK/provenance.txt" ]; then
   provenance > "$WORK/provenance.txt"
 fi
