@@ -239,7 +239,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
         pacer.send("go", start)
         schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
-        done = wait_replies({pacer: "done"}, schedule_s * 3 + 120.0, on_idle=idle,
+        # the schedule, a pacer that falls behind it, and --max (no schedule): at least 20k events/s
+        done = wait_replies({pacer: "done"}, schedule_s * 3 + len(load.feed) / 20_000 + 120.0, on_idle=idle,
                             on_line=lambda c, ln: progress.update(*map(int, ln.split()[1:3]))
                             if progress is not None and ln.startswith("progress") else None)
         if progress:
