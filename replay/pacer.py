@@ -5,12 +5,24 @@ Schedules (offsets in ns from the start, one per event):
 - `constant_rate(n, rate)`, `poisson_rate(n, rate, seed)`;
 - `as_fast_as_possible(n)`: all zero (--max).
 
-The pacer spins to hit each intended time, sleeping only when it is far ahead,
-and never waits for the service (open loop): when it falls behind it sends
-immediately and its lateness (actual - intended) is recorded, so pacing error
-is visible rather than silently stretching the schedule. Latency measured
-from the *intended* time therefore includes any backlog the service causes
-(no coordinated omission).
+The pacer never waits for the service (open loop): when it falls behind it
+sends at once and records its lateness (actual - intended), so pacing error is
+visible rather than silently stretching the schedule. Latency measured from
+the *intended* time therefore includes any backlog the service causes (no
+coordinated omission). Two ways to wait for a send time:
+
+- spin (`spin=True`): read the clock until the time has come, sleeping only
+  when more than SLEEP_THRESHOLD_NS ahead. Accurate, and takes a whole core:
+  for a core of its own (`replay.pacer_proc` pins it there).
+- sleep (`spin=False`): sleep through every wait. Less accurate (a wake-up
+  per send; `replay.child.set_timer_slack` takes the kernel's default 50 us
+  timer slack off it), and it leaves the CPU to the service: the choice on
+  machines with too few cores to give each process its own.
+
+In `bench` and `replay` nothing else shares the pacer's thread: decisions are
+received by a separate collector process (`replay.collector_proc`), so a send
+burst never delays the timestamp of a decision. (`idle_hook` still runs a
+collector in the pacer's thread, for tools that want one process.)
 
 Frames are encoded before the run. The publisher's `ts_send_ns` field is
 patched in place just before each send (the frame was encoded with a
@@ -26,29 +38,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import zmq
 
 from hft_infer.clock import perf_ns
-from hft_infer.replay.events import to_message
-from hft_infer.transport.codec import encode, topic_for
+from hft_infer.replay.events import KIND_QUOTE
+from hft_infer.transport.codec import topic_for
+from hft_infer.transport.schema import Quote, Trade
 
 TS_SENTINEL = 0x7FFF_FFFF_FFFF_FFF0
 _SENTINEL_BYTES = b"\xcf" + TS_SENTINEL.to_bytes(8, "big")
 _U64 = struct.Struct(">Q")
 
-# Sleep only when more than this ahead of schedule (time.sleep overshoots by
-# ~60-100 us on the dev VM); otherwise spin.
+# Spinning pacer: sleep only when more than this ahead of schedule, and wake
+# this much before the send time (time.sleep overshoots by ~20-100 us).
 SLEEP_THRESHOLD_NS = 2_000_000
 SLEEP_MARGIN_NS = 1_000_000
-# While spinning ahead of schedule, call the idle hook (collector) when at
-# least this much time is left before the next send.
+# Only with an idle hook (a collector sharing the thread, the old design, kept for
+# tools/naive_loop.py): call it when at least this much time is left before the
+# next send, and sleep in slices of SLEEP_SLICE_NS in between.
 IDLE_HOOK_MIN_NS = 20_000
-# A sleeping pacer (spin=False) sleeps in slices of this length and runs the
-# idle hook between them: the collector shares the thread, and a decision
-# that arrives during a long sleep must be timestamped when it arrives, not
-# when the next send is due (that would add up to a whole inter-send gap to
-# the measured latency).
 SLEEP_SLICE_NS = 100_000
 
 
@@ -86,13 +96,31 @@ class EncodedFeed:
 
 
 def encode_feed(events: np.ndarray) -> EncodedFeed:
-    """Encode an event table into frames whose ts_send_ns can be patched at send time."""
+    """Encode an event table into frames whose ts_send_ns can be patched at send time.
+
+    The same messages as `events.to_message` builds, from columns read once
+    into Python lists (a numpy scalar per field and row made it ~3x slower:
+    8.5 against 2.6 us per event on the dev VM)."""
+    n = events.shape[0]
+    inst, seq, ts_x = events["instrument"].tolist(), events["seq"].tolist(), events["ts_exchange_ns"].tolist()
+    kind, n_levels, prio = events["kind"].tolist(), events["n_levels"].tolist(), events["priority"].tolist()
+    price, size, side = events["price"].tolist(), events["size"].tolist(), events["side"].tolist()
+    book = np.ascontiguousarray(events["book"], dtype="<f4").reshape(n, -1).view(np.uint8)
+    enc = msgspec.msgpack.Encoder().encode
+    topic_of: dict[int, bytes] = {}
     topics, payloads, offsets = [], [], []
-    for i in range(events.shape[0]):
-        row = events[i]
-        payload = bytearray(encode(to_message(row, TS_SENTINEL)))
+    for i in range(n):
+        if kind[i] == KIND_QUOTE:
+            msg = Quote(inst[i], seq[i], ts_x[i], TS_SENTINEL, n_levels[i], book[i, :16 * n_levels[i]].tobytes(),
+                        prio[i])
+        else:
+            msg = Trade(inst[i], seq[i], ts_x[i], TS_SENTINEL, price[i], size[i], side[i], prio[i])
+        payload = bytearray(enc(msg))
         off = payload.find(_SENTINEL_BYTES)
-        topics.append(topic_for(int(row["instrument"])))
+        topic = topic_of.get(inst[i])
+        if topic is None:
+            topic = topic_of[inst[i]] = topic_for(inst[i])
+        topics.append(topic)
         payloads.append(payload)
         offsets.append(off + 1 if off >= 0 else -1)
     return EncodedFeed(topics, payloads, offsets)
@@ -101,6 +129,44 @@ def encode_feed(events: np.ndarray) -> EncodedFeed:
 def feed_from_frames(frames: list[tuple[bytes, bytes]]) -> EncodedFeed:
     """Frames captured verbatim (record/replay): sent exactly as they were, no patching."""
     return EncodedFeed([t for t, _ in frames], [bytearray(p) for _, p in frames], [-1] * len(frames))
+
+
+def _pack(frames) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(f) for f in frames), dtype=np.uint32, count=len(frames))
+    return np.frombuffer(b"".join(frames), dtype=np.uint8), lengths
+
+
+def _unpack(blob: np.ndarray, lengths: np.ndarray, kind=bytes) -> list:
+    data = blob.tobytes()
+    ends = np.cumsum(lengths, dtype=np.int64).tolist()
+    starts = [0] + ends[:-1]
+    return [kind(data[a:b]) for a, b in zip(starts, ends)]
+
+
+def save_feed(path: str, feed: EncodedFeed, offsets_ns: np.ndarray) -> None:
+    """Write the frames and their intended offsets for a pacer process (`load_feed`)."""
+    t_blob, t_len = _pack(feed.topics)
+    p_blob, p_len = _pack(feed.payloads)
+    np.savez(path, topic_blob=t_blob, topic_len=t_len, payload_blob=p_blob, payload_len=p_len,
+             ts_offsets=np.asarray(feed.ts_offsets, dtype=np.int64), offsets_ns=offsets_ns.astype(np.int64))
+
+
+def load_feed(path: str) -> tuple[EncodedFeed, np.ndarray]:
+    with np.load(path) as z:
+        topics = _unpack(z["topic_blob"], z["topic_len"])
+        payloads = _unpack(z["payload_blob"], z["payload_len"], bytearray)
+        return EncodedFeed(topics, payloads, z["ts_offsets"].tolist()), z["offsets_ns"].copy()
+
+
+def direct_send(sock: zmq.Socket):
+    """`sock.send` without pyzmq's Python layer: the compiled backend method, bound, to be
+    called positionally as send(data, flags, copy, track). zmq.Socket.send is a Python
+    wrapper (draft sockets' routing_id/group) that calls it with keyword arguments; the
+    direct call costs about half (tools/bench_capture.py). Falls back to sock.send."""
+    for klass in type(sock).__mro__[1:]:
+        if klass.__module__.startswith("zmq.backend") and "send" in vars(klass):
+            return klass.send.__get__(sock)
+    return lambda data, flags=0, copy=True, track=False: sock.send(data, flags, copy=copy, track=track)
 
 
 @dataclass
@@ -122,85 +188,125 @@ class PaceResult:
 
 class Pacer:
     def __init__(self, sock: zmq.Socket, feed: EncodedFeed, offsets_ns: np.ndarray, *, topic_frame: bool = True,
-                 idle_hook: Callable[[], object] | None = None,
                  progress_hook: Callable[[int, int], object] | None = None,
-                 progress_interval_s: float = 1.0, spin: bool = True) -> None:
+                 progress_interval_s: float = 1.0, spin: bool = True,
+                 idle_hook: Callable[[], object] | None = None) -> None:
+        """`idle_hook`: work to do in this thread while waiting (a collector sharing it);
+        it delays every decision it reads while the pacer is busy sending, which is why
+        `bench`/`replay` run their collector as a process of its own."""
         if len(feed) != offsets_ns.shape[0]:
             raise ValueError("one intended offset per frame")
         self.sock = sock
         self.feed = feed
         self.offsets = offsets_ns.astype(np.int64)
         self.topic_frame = topic_frame
-        self.idle_hook = idle_hook
         self.progress_hook = progress_hook
         self.progress_interval_ns = int(progress_interval_s * 1e9)
-        # spin=False: sleep through every wait (less accurate, lateness recorded): for
-        # machines where a spinning pacer would share cores with a spinning service.
-        self.sleep_threshold_ns = SLEEP_THRESHOLD_NS if spin else 0
-        self.sleep_margin_ns = SLEEP_MARGIN_NS if spin else 0
-        self.sleep_slice_ns = None if spin else SLEEP_SLICE_NS
+        self.spin = spin
+        self.idle_hook = idle_hook
         self._stop = False
 
     def stop(self) -> None:
+        """Stop sending (from another thread or a signal handler), at the next progress tick."""
         self._stop = True
 
-    def run(self, start_delay_ns: int = 1_000_000) -> PaceResult:
+    def run(self, start_mono_ns: int | None = None, start_delay_ns: int = 1_000_000) -> PaceResult:
+        """Send every frame at its intended time; the schedule starts at `start_mono_ns`
+        (perf_counter_ns clock), or `start_delay_ns` from now."""
         # A full collection over the feed's millions of objects would stall the
         # schedule for milliseconds: freeze what exists, collect nothing mid-run.
         gc.collect()
         gc.freeze()
         gc.disable()
         try:
-            return self._run(start_delay_ns)
+            start = perf_ns() + start_delay_ns if start_mono_ns is None else start_mono_ns
+            return self._run(start) if self.idle_hook is None else self._run_shared(start)
         finally:
             gc.enable()
             gc.unfreeze()
 
-    def _run(self, start_delay_ns: int) -> PaceResult:
+    def _run(self, start: int) -> PaceResult:
         n = len(self.feed)
-        start = perf_ns() + start_delay_ns
         intended = self.offsets + start
         targets = intended.tolist()  # Python ints: cheap to compare in the loop
-        actual = [0] * n
-        topics, payloads, ts_off = self.feed.topics, self.feed.payloads, self.feed.ts_offsets
-        send = self.sock.send
+        actual: list[int] = []
+        record = actual.append
+        send = direct_send(self.sock)
         SNDMORE = int(zmq.SNDMORE)  # a plain int: an enum flag costs ~1.7 us per send (tools/bench_capture.py)
         pack_into = _U64.pack_into
         time_ns = time.time_ns
-        idle = self.idle_hook
+        sleep = time.sleep
         progress = self.progress_hook
-        next_progress = start + self.progress_interval_ns
+        interval = self.progress_interval_ns
+        next_progress = start + interval
         topic_frame = self.topic_frame
-        sleep_threshold, sleep_margin = self.sleep_threshold_ns, self.sleep_margin_ns
-        slice_ns = self.sleep_slice_ns
+        spin = self.spin
+        for target, topic, payload, off in zip(targets, self.feed.topics, self.feed.payloads, self.feed.ts_offsets):
+            now = perf_ns()
+            if now < target:
+                if spin:
+                    while now < target:
+                        if target - now > SLEEP_THRESHOLD_NS:
+                            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
+                        now = perf_ns()
+                else:
+                    while now < target:  # a wake-up may come early (signal) or late (scheduler)
+                        sleep((target - now) / 1e9)
+                        now = perf_ns()
+            if off >= 0:
+                pack_into(payload, off, time_ns())  # CLOCK_REALTIME read now, never a stale offset
+            if topic_frame:
+                send(topic, SNDMORE, True, False)
+            send(payload, 0, True, False)
+            record(now)
+            if now >= next_progress:  # about once a second: the only non-send work in the loop
+                next_progress = now + interval
+                if progress is not None:
+                    progress(len(actual), n)
+                if self._stop:
+                    break
+        sent = len(actual)
+        actual += [0] * (n - sent)
+        elapsed = (actual[sent - 1] - actual[0]) / 1e9 if sent else 0.0
+        return PaceResult(intended, np.asarray(actual, dtype=np.int64), sent, max(elapsed, 1e-9))
+
+    def _run_shared(self, start: int) -> PaceResult:
+        """The loop with an idle hook: a collector in this thread reads decisions only when the
+        pacer has IDLE_HOOK_MIN_NS to spare, or between sleep slices."""
+        n = len(self.feed)
+        intended = self.offsets + start
+        targets = intended.tolist()
+        actual = [0] * n
+        topics, payloads, ts_off = self.feed.topics, self.feed.payloads, self.feed.ts_offsets
+        send = direct_send(self.sock)
+        SNDMORE = int(zmq.SNDMORE)
+        idle, progress = self.idle_hook, self.progress_hook
+        next_progress = start + self.progress_interval_ns
+        threshold, margin = (SLEEP_THRESHOLD_NS, SLEEP_MARGIN_NS) if self.spin else (0, 0)
         i = 0
         while i < n and not self._stop:
             target = targets[i]
             now = perf_ns()
             while now < target:
                 ahead = target - now
-                if ahead > sleep_threshold:
-                    if idle is not None:
-                        idle()
-                    nap = ahead - sleep_margin
-                    time.sleep((nap if slice_ns is None or nap < slice_ns else slice_ns) / 1e9)
-                elif idle is not None and ahead > IDLE_HOOK_MIN_NS:
+                if ahead > threshold:
+                    idle()
+                    nap = ahead - margin
+                    time.sleep((nap if self.spin or nap < SLEEP_SLICE_NS else SLEEP_SLICE_NS) / 1e9)
+                elif ahead > IDLE_HOOK_MIN_NS:
                     idle()
                 now = perf_ns()
-            off = ts_off[i]
-            payload = payloads[i]
-            if off >= 0:
-                pack_into(payload, off, time_ns())  # CLOCK_REALTIME now (see EpochClock.sync)
-            if topic_frame:
-                send(topics[i], SNDMORE)
-            send(payload)
+            if ts_off[i] >= 0:
+                _U64.pack_into(payloads[i], ts_off[i], time.time_ns())
+            if self.topic_frame:
+                send(topics[i], SNDMORE, True, False)
+            send(payloads[i], 0, True, False)
             actual[i] = now
             i += 1
             if now >= next_progress:
                 next_progress = now + self.progress_interval_ns
                 if progress is not None:
                     progress(i, n)
-                if idle is not None:
-                    idle()  # behind schedule for a long stretch: still read decisions now and then
+                idle()  # behind schedule for a long stretch: still read decisions now and then
         elapsed = (actual[i - 1] - actual[0]) / 1e9 if i else 0.0
         return PaceResult(intended, np.asarray(actual, dtype=np.int64), i, max(elapsed, 1e-9))

@@ -90,9 +90,9 @@ def corpus(rng: random.Random, n: int) -> list[list[bytes]]:
         inst = rng.randrange(64)
         topic = topic_for(inst)
         if r < 0.20:
-            frames.append([topic, os.urandom(rng.randint(0, 400))])
+            frames.append([topic, rng.randbytes(rng.randint(0, 400))])
         elif r < 0.25:  # framing: a lone topic-prefixed frame, or three frames
-            frames.append([topic + os.urandom(rng.randint(0, 50))] if rng.random() < 0.5
+            frames.append([topic + rng.randbytes(rng.randint(0, 50))] if rng.random() < 0.5
                           else [topic, rng.choice(seeds), b"x"])
         elif r < 0.45:
             frames.append(edge_frame(rng, inst, 1000 + k, lv))
@@ -205,7 +205,7 @@ def main() -> int:
     exp = expectations(frames)
     answered = [(m.instrument, m.seq) for m in msgs if isinstance(m, Decision) and m.status == Outcome.REJECTED]
     phantom = [a for a in answered if a not in exp["readable"]]
-    events_sent = len(frames) + 5 - exp["not_events"] - exp["swallowed"] - exp["swallowed"]
+    events_sent = len(frames) + 5 - exp["not_events"] - exp["swallowed"]  # two frames, one event
     result = {
         "frames_sent": len(frames) + 5, "events_sent": events_sent, "seconds": elapsed, "exit_code": code,
         "final_status": got_final, "rejected_answered": len(answered),
@@ -217,6 +217,9 @@ def main() -> int:
         "identity_holds": bool(final and final.received == final.decided + final.shed + final.conflated
                                + final.rejected + final.pending),
         "still_deciding_after": alive,
+        "heartbeats_and_resets": exp["not_events"],
+        "ingest_disconnects": final.ingest_disconnects if final else None,
+        "resets": final.resets if final else None,
     }
     print(json.dumps(result, indent=2))
     if a.json:

@@ -8,7 +8,6 @@ bytes, which mostly fail at the first byte.
 
 from __future__ import annotations
 
-import os
 import random
 
 
@@ -21,5 +20,5 @@ def mutate(frame: bytes, rng: random.Random, *, max_ops: int = 6, max_span: int 
         elif op < 0.75:
             del b[pos:pos + rng.randint(1, max_span)]
         else:
-            b[pos:pos] = os.urandom(rng.randint(1, max_span))
+            b[pos:pos] = rng.randbytes(rng.randint(1, max_span))
     return bytes(b)

@@ -1,41 +1,231 @@
 #!/usr/bin/env bash
-# One device session on the H200: correctness first, then the measurements.
-#   tools/gpu_session.sh smoke   # quick: every GPU test + short benches (find bugs cheaply)
-#   tools/gpu_session.sh full    # the BENCHMARKS.md figures
-# Writes logs and JSON under $OUT (default ./gpu-out). Each step has its own
-# timeout and the session goes on after a failure, so one run gives every result.
+# One device session on the H200 host, one call (the device tool allows 10 minutes a call):
+#   tools/gpu_session.sh e2e       # (default) the harness and end-to-end table set, ~8 min
+#   tools/gpu_session.sh smoke     # every GPU test + short benches (find bugs cheaply)
+#   tools/gpu_session.sh kernels   # kernel and engine benchmarks
+#   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
+#
+# e2e measures, in this order (each step has its own timeout; a step that would end
+# past BUDGET_S is skipped and says so, so the call always ends in time with a summary):
+#   raw ZeroMQ ipc ping-pong (PAIR and the harness's XPUB/SUB shape), pacer lateness
+#   (spin, pinned) at 10k/100k/500k events/s, the harness floor (null service, placed by
+#   configs/gpu.toml) at 10k/100k/500k, configs/gpu.toml and the default config at
+#   several rates each with its floor from the same run (--with-floor), the null service
+#   answering per event (per_instrument) at 100k, then the harness tests on this host.
+#
+# Every log starts with the provenance block: commit (git, else $HFT_COMMIT, and a digest
+# of the source either way), machine (nproc, CPU model, GPU), versions, then the command.
+# Only 8 files come back from a device call, so the logs, JSON and run directories go
+# into $OUT/gpu-<phase>.tgz; $OUT/summary.md (tables, targets met or missed),
+# $OUT/summary.json and $OUT/session.log come back beside it.
 set -u
-phase=${1:-smoke}
+phase=${1:-e2e}
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-540}
+WORK=${WORK:-$(mktemp -d /tmp/gpu-session-XXXXXX)}  # `WORK=DIR tools/gpu_session.sh summary`: re-summarise
+mkdir -p "$OUT" "$WORK/runs"
 export PYTHONUNBUFFERED=1
-log() { echo "== $(date +%T) $*" | tee -a "$OUT/session.log"; }
-step() {  # step NAME TIMEOUT CMD...
-  local name=$1 t=$2; shift 2
-  log "$name: $*"
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  log "$name: exit $rc"
-  tail -n 25 "$OUT/$name.log"
+PY=${PY:-python3}
+T0=$(date +%s)
+
+log() { echo "== $(date +%T) +$(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/session.log"; }
+
+provenance() {
+  local commit dirty digest
+  commit=$(git rev-parse HEAD 2>/dev/null || echo "${HFT_COMMIT:-unknown (no .git here: pass HFT_COMMIT)}")
+  dirty=$(git status --porcelain 2>/dev/null | grep -c . || true)
+  digest=$(find hft_infer transport kernels replay configs tools tests -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sh' \) 2>/dev/null \
+           | LC_ALL=C sort | xargs sha256sum 2>/dev/null | sha256sum | cut -c1-16)
+  echo "commit: $commit (uncommitted files: ${dirty:-?}; source digest $digest)"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  kernel: $(uname -r)"
+  echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), affinity $(taskset -pc $$ 2>/dev/null | cut -d: -f2 | tr -d ' '), isolated $(cat /sys/devices/system/cpu/isolated 2>/dev/null || echo -), numa nodes $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l)"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader 2>/dev/null | head -1 | grep . || echo none)"
+  $PY - <<'EOF' 2>&1
+import platform, sys
+out = [f"python {platform.python_version()}"]
+for name in ("torch", "triton", "zmq", "msgspec", "numpy", "hdrh"):
+    try:
+        m = __import__(name)
+        v = getattr(m, "__version__", "?")
+        if name == "zmq":
+            v = f"{v} (libzmq {m.zmq_version()})"
+        if name == "torch":
+            v = f"{v} (cuda {m.version.cuda}, available {m.cuda.is_available()})"
+        out.append(f"{name} {v}")
+    except Exception as e:  # noqa: BLE001
+        out.append(f"{name}: {type(e).__name__}")
+print("versions: " + ", ".join(out))
+EOF
 }
-nvidia-smi -L | tee -a "$OUT/session.log"
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee -a "$OUT/session.log"
-if [ "$phase" = smoke ]; then
-  step gpu_engine_tests 240 python3 -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
-  step kernel_tests 300 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
-  step bench_engines_quick 120 python3 tools/bench_engines.py --steps 300 --models lstm_a --batches 1,8
-  step e2e_quick 150 hft-infer bench -c configs/gpu.toml --rate 5000 --duration 2 --quiet --json "$OUT/e2e_quick.json"
-elif [ "$phase" = final ]; then
-  # the pacer/collector on core 2, the service placed by cpu.cores = "auto" (configs/gpu.toml)
-  step bench_engines 200 python3 tools/bench_engines.py --steps 3000 --json "$OUT/bench_engines.json"
-  for r in 10000 30000 50000 100000; do
-    step e2e_$r 90 taskset -c 2 hft-infer bench -c configs/gpu.toml --rate $r --duration 5 --quiet --json "$OUT/e2e_$r.json"
-  done
-else
-  step bench_kernels 260 python3 tools/bench_kernels.py
-  cp -f bench_kernels.json "$OUT/" 2>/dev/null
-  step bench_engines 200 python3 tools/bench_engines.py --steps 3000 --json "$OUT/bench_engines.json"
-  step e2e_10k 100 hft-infer bench -c configs/gpu.toml --rate 10000 --duration 5 --quiet --json "$OUT/e2e_10k.json"
-  step e2e_100k 100 hft-infer bench -c configs/gpu.toml --rate 100000 --duration 5 --quiet --json "$OUT/e2e_100k.json"
+
+# step NAME TIMEOUT CMD...: its log ($WORK/NAME.log) starts with the provenance and the command
+step() {
+  local name=$1 t=$2; shift 2
+  local now=$(( $(date +%s) - T0 ))
+  if [ $(( now + t )) -gt "$BUDGET_S" ]; then
+    log "$name: SKIPPED (would end past the ${BUDGET_S}s budget: +${now}s now, timeout ${t}s)"
+    echo "$name skipped" >> "$WORK/skipped.txt"
+    return
+  fi
+  log "$name: $*"
+  { cat "$WORK/provenance.txt"; echo "command: $*"; echo "timeout: ${t}s"; echo "---"; } > "$WORK/$name.log"
+  timeout "$t" "$@" >> "$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "--- exit $rc after $(( $(date +%s) - T0 - now ))s" >> "$WORK/$name.log"
+  log "$name: exit $rc"
+  tail -n 12 "$WORK/$name.log"
+}
+
+if ! $PY -c 'import hft_infer.app.cli' 2>/dev/null; then
+  log "hft_infer not importable: pip install --no-deps -e ."
+  $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3 | tee -a "$OUT/session.log"
 fi
-log done
+if ! $PY -c 'import hft_infer.app.cli' 2>/dev/null; then
+  # no install possible: the package as pyproject.toml maps it (transport/ -> hft_infer/transport, ...)
+  log "still not importable: a copy of the package tree on PYTHONPATH"
+  pkg=$(mktemp -d /tmp/hft-pkg-XXXXXX)
+  cp -r hft_infer "$pkg/hft_infer"
+  for d in transport kernels replay configs; do cp -r "$d" "$pkg/hft_infer/$d"; done
+  export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ "$phase" != summary ] || [ ! -f "$WORK/provenance.txt" ]; then
+  provenance > "$WORK/provenance.txt"
+fi
+tee -a "$OUT/session.log" < "$WORK/provenance.txt"
+
+bench() {  # bench NAME TIMEOUT ARGS...: hft-infer bench with its JSON and run dir in $WORK
+  local name=$1 t=$2; shift 2
+  step "$name" "$t" $PY -m hft_infer bench "$@" --quiet --json "$WORK/$name.json" --run-dir "$WORK/runs/$name"
+}
+
+summarize() {
+  log "summary"
+  $PY - "$WORK" "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/session.log"
+import json, sys
+from pathlib import Path
+
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+
+def load(name):
+    p = work / f"{name}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+def f(x, nd=1):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+def pct(s):
+    return " / ".join(f(s.get(k)) for k in ("p50_us", "p99_us", "p999_us")) if s else "-"
+
+def verdict(ok):
+    return "-" if ok is None else ("**met**" if ok else "**missed**")
+
+md = ["# hft-infer on the H200: harness floor and end to end", "", "```",
+      (work / "provenance.txt").read_text().strip(), "```", ""]
+summary = {"provenance": (work / "provenance.txt").read_text(), "targets": {}}
+pp = load("pingpong") or []
+pair = next((r for r in pp if r["pattern"] == "pair"), None)
+md += ["## Raw ZeroMQ ipc round trip (`tools/bench_pingpong.py --n 100000`)", "",
+       "| pattern | poll | cores (client, server) | p50 | p90 | p99 | p99.9 | max |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+for r in pp:
+    s = r["rtt"]
+    md.append(f"| {r['pattern']} | {r['poll']} | {r['client_core']}, {r['server_core']} | {f(s['p50_us'])} | {f(s['p90_us'])} "
+              f"| {f(s['p99_us'])} | {f(s['p999_us'])} | {f(s['max_us'])} |")
+pacer = load("pacer") or []
+md += ["", "## Pacer lateness (`tools/bench_pacer.py`: the pacer process, a draining subscriber)", "",
+       "| rate | pacer | core | achieved/s | p50 | p99 | p99.9 | max | received |",
+       "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+for r in pacer:
+    s = r["lateness"]
+    md.append(f"| {r['rate']} | {r['pacer']} | {r['core']} | {f(r['rate_achieved'], 0)} | {f(s['p50_us'])} | {f(s['p99_us'])} "
+              f"| {f(s['p999_us'])} | {f(s['max_us'])} | {r['received']:,} |")
+p100 = next((r for r in pacer if r["rate"] == "100000" and r["pacer"] == "spin"), None)
+ok = p100["lateness"]["p99_us"] <= 5.0 if p100 else None
+summary["targets"]["pacer_lateness_p99_100k_le_5us"] = ok
+md += ["", f"Target: pacer lateness p99 <= 5 µs at 100k events/s: {verdict(ok)}"
+       + (f" ({f(p100['lateness']['p99_us'])} µs)" if p100 else "")]
+
+floors = [(n, load(n)) for n in ("floor_10k", "floor_100k", "floor_500k", "floor_100k_per_instrument")]
+base = floors[0][1]
+md += ["", "## Harness floor: the null service (configs/gpu.toml placement, busy polling)", "",
+       "| run | offered/s | achieved/s | egress | tick_to_decision p50 / p99 / p99.9 | max | p99 vs 10k | send->service recv p50 / p99 | pacer lateness p99 | lost |",
+       "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+for name, o in floors:
+    if o is None:
+        md.append(f"| {name} | not run or failed (see its log) |||||||||")
+        continue
+    t = o["tick_to_decision"]
+    rel = t["p99_us"] / base["tick_to_decision"]["p99_us"] if base and t["p99_us"] else None
+    md.append(f"| {name} | {f(o['rate_offered'], 0)} | {f(o['rate_achieved'], 0)} | {o['null_service']['egress']} | {pct(t)} "
+              f"| {f(t['max_us'])} | {f(rel, 2)}x | {f(o['send_to_service_recv']['p50_us'])} / {f(o['send_to_service_recv']['p99_us'])} "
+              f"| {f(o['pacer_lateness']['p99_us'])} | {o['accounting']['lost']:,} |")
+for name in ("floor_100k", "floor_500k"):
+    o = dict(floors).get(name)
+    ok = (o["tick_to_decision"]["p99_us"] <= 2 * base["tick_to_decision"]["p99_us"] and o["accounting"]["lost"] == 0) \
+        if o and base else None
+    summary["targets"][f"{name}_p99_within_2x_of_10k"] = ok
+    md.append(f"\nTarget: floor p99 at {name[6:]} within 2x of 10k: {verdict(ok)}")
+ok = base["tick_to_decision"]["p99_us"] <= 1.5 * pair["rtt"]["p99_us"] if base and pair else None
+summary["targets"]["floor_p99_le_1.5x_pingpong_p99"] = ok
+md.append(f"\nTarget: floor p99 (10k) <= 1.5x raw PAIR ping-pong p99: {verdict(ok)}"
+          + (f" ({f(base['tick_to_decision']['p99_us'])} against {f(pair['rtt']['p99_us'])} µs: "
+             f"{base['tick_to_decision']['p99_us'] / pair['rtt']['p99_us']:.2f}x)" if base and pair else ""))
+
+md += ["", "## End to end, each beside its floor from the same run (`bench --with-floor`)", "",
+       "| run | engine | offered/s | achieved/s | tick_to_decision p50 / p99 / p99.9 | floor p50 / p99 / p99.9 | p99 / floor | service stage p50 / p99 | decided | shed | conflated | lost |",
+       "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+for name in ("gpu_10k", "gpu_30k", "gpu_50k", "default_10k", "default_30k"):
+    o = load(name)
+    if o is None:
+        md.append(f"| {name} | not run or failed (see its log) ||||||||||")
+        continue
+    fl, a, sv = o.get("floor", {}), o["accounting"], o["stages"].get("service", {})
+    md.append(f"| {name} | {o['engine']} | {f(o['rate_offered'], 0)} | {f(o['rate_achieved'], 0)} | {pct(o['tick_to_decision'])} "
+              f"| {pct(fl.get('tick_to_decision'))} | {f((o.get('vs_floor') or {}).get('p99_us'), 2)}x "
+              f"| {f(sv.get('p50_us'))} / {f(sv.get('p99_us'))} | {a['decided']:,} | {a['shed']:,} | {a['conflated']:,} | {a['lost']:,} |")
+md += ["", "Latency in µs. Harness: " + (json.dumps(base["harness"]) if base else "-")]
+skipped = (work / "skipped.txt").read_text().split("\n") if (work / "skipped.txt").exists() else []
+if [s for s in skipped if s]:
+    md += ["", "Skipped for time: " + ", ".join(s.split()[0] for s in skipped if s)]
+(out / "summary.md").write_text("\n".join(md) + "\n")
+summary["runs"] = {p.stem: json.loads(p.read_text()) for p in sorted(work.glob("*.json"))}
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+print("\n".join(md))
+EOF
+}
+
+if [ "$phase" = summary ]; then
+  summarize
+  exit 0
+fi
+if [ "$phase" = e2e ]; then
+  step pingpong 90 $PY tools/bench_pingpong.py --n 100000 --json "$WORK/pingpong.json"
+  bench floor_10k 80 -c configs/gpu.toml --null-service --rate 10000 --duration 5 --warmup 1
+  bench floor_100k 80 -c configs/gpu.toml --null-service --rate 100000 --duration 5 --warmup 1
+  bench floor_500k 120 -c configs/gpu.toml --null-service --rate 500000 --duration 3 --warmup 1
+  step pacer 100 $PY tools/bench_pacer.py --rates 10000,100000,500000 --pacers spin --seconds 2 \
+       --json "$WORK/pacer.json"
+  bench gpu_10k 150 -c configs/gpu.toml --with-floor --rate 10000 --duration 5 --warmup 1
+  bench gpu_30k 110 -c configs/gpu.toml --with-floor --rate 30000 --duration 5 --warmup 1
+  bench default_10k 90 --with-floor --rate 10000 --duration 5 --warmup 1
+  bench gpu_50k 110 -c configs/gpu.toml --with-floor --rate 50000 --duration 4 --warmup 1
+  bench default_30k 90 --with-floor --rate 30000 --duration 4 --warmup 1
+  bench floor_100k_per_instrument 70 -c configs/gpu.toml --null-service --null-egress per_instrument \
+        --rate 100000 --duration 3 --warmup 1
+  step harness_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_harness.py \
+       tests/unit/test_pacer_collector.py
+  summarize
+elif [ "$phase" = smoke ]; then
+  step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
+  step bench_engines_quick 120 $PY tools/bench_engines.py --steps 300 --models lstm_a --batches 1,8
+  bench e2e_quick 150 -c configs/gpu.toml --with-floor --rate 5000 --duration 2
+else
+  step bench_kernels 260 $PY tools/bench_kernels.py
+  cp -f bench_kernels.json "$WORK/" 2>/dev/null
+  step bench_engines 200 $PY tools/bench_engines.py --steps 3000 --json "$WORK/bench_engines.json"
+fi
+tar czf "$OUT/gpu-$phase.tgz" -C "$WORK" . 2>/dev/null
+log "done: $OUT/gpu-$phase.tgz ($(du -h "$OUT/gpu-$phase.tgz" | cut -f1)), $OUT/summary.md"

@@ -1,18 +1,23 @@
 """Drive a service with a prepared feed and measure it: shared by `bench` and `replay`.
 
-    feed (encoded frames) + intended send offsets
-      -> [start `hft-infer serve` as a child | use a running service]
-      -> wait until it has subscribed and published a Status (READY)
-      -> pace open-loop (replay.pacer) while collecting decisions (replay.collector)
-         and, for a child service, its per-interval stage histograms
-      -> drain: a child gets SIGTERM and sends its final Status; a running
-         service is left running and its counters are read from the next Status
-      -> account for every event, write the run directory, return the result.
+    feed (encoded frames) + intended send offsets  -> a file for the pacer process
+      -> place the harness (launcher.plan_harness): pacer and collector cores, spin or not
+      -> pacer process: binds the feed, waits for the service's subscriptions
+      -> collector process(es): subscribe to the decisions, wait for a Status
+      -> [start `hft-infer serve` or the null service as a child | use a running service]
+      -> `go`: the pacer sends open loop from an agreed CLOCK_MONOTONIC start time while
+         the collectors receive and timestamp; this process only folds the child
+         service's per-interval stage histograms and shows progress
+      -> drain: wait until the decisions are quiet; a child gets SIGTERM and sends its
+         final Status; a running service is left running, its counters come from the
+         next Status
+      -> read the pacer's send times and the collectors' frames back from their files,
+         account for every event, write the run directory, return the result.
 
 The run directory holds `summary.json` (the bench schema), the
 `tick_to_decision` and pacer-lateness `.hgrm` distributions, a
-`tick_to_decision` `.hlog` interval log and, for a child service, its own
-`service/` directory (service.json, per-stage .hgrm) and log.
+`tick_to_decision` `.hlog` interval log, the pacer's and collectors' logs
+and, for a child service, its own `service/` directory and log.
 
 CLI level: may use `replay` (the service core may not).
 """
@@ -20,42 +25,46 @@ CLI level: may use `replay` (the service core may not).
 from __future__ import annotations
 
 import os
+import platform
+import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zmq
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
-from rich.table import Table
 
-from hft_infer.app.launcher import (
-    ServiceProcess,
-    open_feed_publisher,
-    private_runtime_dir,
-    subscribe_decisions,
-)
-from hft_infer.clock import perf_ns
+from hft_infer.affinity import parse_cpulist
+from hft_infer.app.launcher import READY_TIMEOUT_S, ServiceProcess, plan_harness, private_runtime_dir, tail
+from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
 from hft_infer.errors import UserError
 from hft_infer.metrics import (
     SERVICE_STAGES,
     TICK_TO_DECISION,
     add_sparse,
+    format_table,
     from_wire,
     new_histogram,
     record_array,
     summarize,
 )
 from hft_infer.metrics.hlog import write_hgrm
-from hft_infer.replay.pacer import Pacer
-from hft_infer.transport.schema import Status
+from hft_infer.replay.child import Child, ChildError, wait_replies
+from hft_infer.replay.collector import analyse, decode_frames
+from hft_infer.replay.collector_proc import load_frames
+from hft_infer.replay.pacer import save_feed
+from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, topic_for
+from hft_infer.transport.schema import TAG_STATUS
 from hft_infer.transport.sockets import bind
 from hft_infer.transport.stats import decode_snapshot
+
+SUBSCRIPTION_SETTLE_MS = 300  # a running service: other subscribers may connect at the same moment
+START_LEAD_NS = 100_000_000  # `go` names a start this far ahead: every process is past its pipe read by then
 
 
 class StatsReceiver:
@@ -96,6 +105,7 @@ class Load:
     measure_from: int = 0  # events before this index are warm-up (accounted, not in latency)
     description: str = ""
     event_record: np.ndarray | None = None  # event i was sent as feed frame event_record[i] (None: i)
+    feed_file: str | None = field(default=None, repr=False)  # written once, reused (floor, then service)
 
 
 @dataclass
@@ -103,151 +113,249 @@ class Target:
     cfg: Config
     config_path: str | None
     overrides: list[str]
-    start_service: bool  # True: run `serve` as a child on a private runtime dir
+    start_service: bool  # True: run the service as a child on a private runtime dir
+    null: bool = False  # the child is the null service (the harness floor)
+    null_egress: str = "batch"
+    null_delay_us: float = 0.0
+
+
+@dataclass
+class HarnessOptions:
+    pacer: str = "auto"  # auto | spin | sleep
+    collectors: int = 1
+    reset_first: bool = False  # a Reset of every instrument before the first event (replay)
+
+
+def machine_info() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _collector_topics(cfg: Config, k: int, n: int) -> list[str] | None:
+    """Collector k of n: every collector takes the Status topic (its readiness signal),
+    the first also the DecisionBatch topic, and the instruments are split by position."""
+    if n == 1:
+        return None
+    ids = cfg.universe.owned_ids()
+    mine = [topic_for(i) for pos, i in enumerate(ids) if pos % n == k]
+    return [t.hex() for t in [SERVICE_TOPIC] + ([BATCH_TOPIC] if k == 0 else []) + mine]
 
 
 def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, label: str = "bench",
-          extra: dict | None = None, spin: bool = True):
+          extra: dict | None = None, harness: HarnessOptions | None = None):
     """Returns (result dict, StatsReceiver | None, CollectorResult)."""
     cfg = target.cfg
+    harness = harness or HarnessOptions()
     if cfg.ingest.socket_type != "sub" or cfg.ingest.bind:
         raise UserError(f"{label} publishes on a PUB that the service connects to: needs ingest.socket_type = "
                         "\"sub\" and ingest.bind = false")
+    if harness.collectors > 1 and not cfg.egress.topic_frame:
+        raise UserError("--collectors > 1 splits the decisions by topic: needs egress.topic_frame = true")
     run_dir.mkdir(parents=True, exist_ok=True)
-    runtime = None
+    plan = plan_harness(cfg, harness.pacer, harness.collectors)
+    work = private_runtime_dir(f"hft-{label}-")  # the feed and result files; a child service's sockets
+    saved_env, saved_mask = os.environ.get("HFT_INFER_RUNTIME_DIR"), os.sched_getaffinity(0)
     if target.start_service:
-        runtime = private_runtime_dir(f"hft-{label}-")
-        os.environ["HFT_INFER_RUNTIME_DIR"] = runtime  # the child inherits it; endpoints expand into it
-    n_topics = len(cfg.universe.owned_ids()) if cfg.ingest.topic_frame else 1
-    ctx = zmq.Context()
-    service = None
-    stats = None
+        os.environ["HFT_INFER_RUNTIME_DIR"] = work  # the child inherits it; endpoints expand into it
+    # the service subscribes to each owned instrument's topic and to the service topic (Heartbeat, Reset)
+    n_topics = len(cfg.universe.owned_ids()) + 1 if cfg.ingest.topic_frame else 1
+    feed_file = load.feed_file or os.path.join(work, "feed.npz")
+    if load.feed_file is None:
+        save_feed(feed_file, load.feed, load.offsets_ns)
+    children: list[Child] = []
+    service = stats = ctx = None
 
     def say(msg: str) -> None:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
     try:
-        pub = open_feed_publisher(ctx, expand_endpoint(cfg.ingest.endpoint, cfg))
-        collector = subscribe_decisions(ctx, expand_endpoint(cfg.egress.endpoint, cfg),
-                                        topic_frame=cfg.egress.topic_frame)
+        pinned = plan.pacer_core is not None
+        if pinned:  # children (the service too) inherit this: keep them off the pacer's and collectors' cores
+            os.sched_setaffinity(0, plan.helper_cores + plan.service_cores)
+        ctx = zmq.Context()
+        io = ",".join(map(str, plan.helper_cores)) if pinned else ""
+        pacer = Child("pacer", "hft_infer.replay.pacer_proc",
+                      ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),
+                       "--out", os.path.join(work, "pacer.npz"), "--topics", str(n_topics),
+                       "--settle-ms", str(0 if target.start_service else SUBSCRIPTION_SETTLE_MS),
+                       "--io-cores", io, *(["--core", str(plan.pacer_core)] if pinned else []),
+                       *(["--spin"] if plan.pacer_spin else []),
+                       *([] if cfg.ingest.topic_frame else ["--no-topic-frame"]),
+                       *(["--reset-first"] if harness.reset_first else [])], run_dir / "pacer.log")
+        children.append(pacer)
+        wait_replies({pacer: "bound"}, 300.0)  # loading a big feed takes a while
+        capacity = len(load.feed) // harness.collectors + 4096
+        collectors = []
+        for k, core in enumerate(plan.collector_cores):
+            topics = _collector_topics(cfg, k, harness.collectors)
+            collectors.append(Child(f"collector {k}" if harness.collectors > 1 else "collector",
+                                    "hft_infer.replay.collector_proc",
+                                    ["--endpoint", expand_endpoint(cfg.egress.endpoint, cfg),
+                                     "--out", os.path.join(work, f"collector{k}.npz"), "--capacity", str(capacity),
+                                     "--io-cores", io, *(["--core", str(core)] if core is not None else []),
+                                     *(["--spin"] if plan.collector_spin else []),
+                                     *([] if cfg.egress.topic_frame else ["--no-topic-frame"]),
+                                     *sum((["--subscribe", t] for t in topics or []), [])],
+                                    run_dir / f"collector{k if harness.collectors > 1 else ''}.log"))
+        children += collectors
         if target.start_service:
-            stats = StatsReceiver(ctx, expand_endpoint(cfg.metrics.control_endpoint, cfg))
+            if not target.null:
+                stats = StatsReceiver(ctx, expand_endpoint(cfg.metrics.control_endpoint, cfg))
+            null_args = ["--egress", target.null_egress, "--delay-us", str(target.null_delay_us)]
             service = ServiceProcess(config=target.config_path, overrides=target.overrides,
-                                     run_dir=run_dir / "service", log_dir=run_dir, env=os.environ.copy())
+                                     run_dir=run_dir / "service", log_dir=run_dir, env=os.environ.copy(),
+                                     null=target.null, extra_args=null_args if target.null else None)
             service.start()
-            service.wait_ready(pub, collector, n_topics)
-            baseline = None
-        else:
-            baseline = _wait_running_service(pub, collector, n_topics)
-        say(f"{label}: service ready; sending {len(load.feed):,} events ({load.description})")
+        if pinned:
+            os.sched_setaffinity(0, plan.helper_cores)
 
         def idle() -> None:
-            collector.poll()
             if stats is not None:
                 stats.poll()
+            if service is not None and service.proc.poll() is not None:
+                raise UserError(f"the service exited (code {service.proc.returncode}); the end of "
+                                f"{service.log_path}:\n{tail(service.log_path)}")
 
-        progress = None if quiet else Progress(len(load.feed), label)
-        pacer = Pacer(pub, load.feed, load.offsets_ns, topic_frame=cfg.ingest.topic_frame, idle_hook=idle,
-                      progress_hook=progress.update if progress else None, spin=spin)
+        try:
+            wait_replies({pacer: "subscribed", **{c: "ready" for c in collectors}},
+                         READY_TIMEOUT_S if target.start_service else 30.0, on_idle=idle)
+        except ChildError as e:
+            if "no reply" not in str(e) or target.start_service:
+                raise
+            raise UserError(f"no service answered on the config's endpoints within 30 s ({e}): is `hft-infer "
+                            f"serve` running with this config?") from None
+        seen = _placed_hot_cores(service.log_path) if service is not None else None
+        if seen is not None and set(seen) & ({plan.pacer_core} | set(plan.collector_cores)) - {None}:
+            say(f"{label}: warning: the service placed itself on core(s) {seen}, which the harness expected "
+                f"free (planned {plan.service_cores}): the measurement shares cores")
+        say(f"{label}: service ready; sending {len(load.feed):,} events ({load.description}); {plan.describe()}")
+        start = perf_ns() + START_LEAD_NS
         if stats is not None and load.measure_from:
-            stats.measure_after_ns = time.time_ns() + int(load.offsets_ns[load.measure_from] - load.offsets_ns[0])
-        pace = pacer.run()
+            stats.measure_after_ns = EpochClock().epoch(start + int(load.offsets_ns[load.measure_from]))
+        progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
+        pacer.send("go", start)
+        schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
+        # the schedule, a pacer that falls behind it, and --max (no schedule): at least 20k events/s
+        done = wait_replies({pacer: "done"}, schedule_s * 3 + len(load.feed) / 20_000 + 120.0, on_idle=idle,
+                            on_line=lambda c, ln: progress.update(*map(int, ln.split()[1:3]))
+                            if progress is not None and ln.startswith("progress") else None)
         if progress:
-            progress.done(pace.sent)
-        collector.wait_quiet(quiet_s=0.3, timeout_s=10.0)
+            progress.done(int(done[pacer].split()[1]))
+        wait_replies(_send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
         if service is not None:
-            if not service.terminate_and_wait(collector):
+            service.proc.terminate()
+            got = wait_replies(_send_all(collectors[:1], "final", 30.0), 40.0, on_idle=lambda: stats and stats.poll())
+            if got[collectors[0]] != "final":
                 say(f"{label}: warning: no final Status from the service within 30 s")
+            service.wait_exit(30.0)
             for _ in range(20):  # the final snapshot may trail the final Status by a moment
+                if stats is None:
+                    break
                 stats.poll()
                 if stats.snapshots and stats.snapshots[-1].final:
                     break
                 time.sleep(0.05)
         else:
-            _wait_next_status(collector, timeout_s=5.0)
+            wait_replies(_send_all(collectors[:1], "status", 5.0), 10.0)
+        wait_replies(_send_all(collectors, "stop"), 120.0)
+        with np.load(os.path.join(work, "pacer.npz")) as z:
+            intended_all, actual, sent_frames = z["intended"], z["actual"], int(z["sent"])
+            elapsed_s = float(z["elapsed_s"])
+        frames, recv_ns = [], []
+        for k in range(len(collectors)):
+            f, t = load_frames(os.path.join(work, f"collector{k}.npz"))
+            if k:  # the Status frames of one collector are enough
+                keep = [i for i, p in enumerate(f) if not (len(p) > 1 and p[1] == TAG_STATUS)]
+                f, t = [f[i] for i in keep], t[keep]
+            frames += f
+            recv_ns.append(t)
+    except ChildError as e:
+        raise UserError(str(e)) from None
     finally:
+        for child in children:
+            child.close()
         if service is not None:
             service.close()
-        ctx.destroy(linger=0)
-        if runtime:
-            shutil.rmtree(runtime, ignore_errors=True)
+        if ctx is not None:
+            ctx.destroy(linger=0)
+        if saved_env is None:
+            os.environ.pop("HFT_INFER_RUNTIME_DIR", None)
+        else:
+            os.environ["HFT_INFER_RUNTIME_DIR"] = saved_env
+        os.sched_setaffinity(0, saved_mask)
+        shutil.rmtree(work, ignore_errors=True)
 
+    answers = decode_frames(frames, np.concatenate(recv_ns) if recv_ns else np.zeros(0, np.int64))
     if load.event_record is None:
-        intended, sent = pace.intended_mono_ns, pace.sent
+        intended, actual_ev, sent = intended_all, actual, sent_frames
     else:  # not every frame is an event (captures hold heartbeats too)
-        intended = pace.intended_mono_ns[load.event_record]
-        sent = int(np.count_nonzero(load.event_record < pace.sent))
-    result = collector.analyse(load.events["instrument"], load.events["seq"], intended, sent,
-                               measure_from=load.measure_from, baseline=baseline)
+        intended, actual_ev = intended_all[load.event_record], actual[load.event_record]
+        sent = int(np.count_nonzero(load.event_record < sent_frames))
+    baseline = None
+    if not target.start_service:  # a running service: subtract its counters from before our start
+        before = [s for t, s in answers.statuses if t < start]
+        baseline = before[-1] if before else None
+    result = analyse(answers, load.events["instrument"], load.events["seq"], intended, sent,
+                     measure_from=load.measure_from, baseline=baseline)
+    result.intended_mono_ns, result.actual_mono_ns = intended, actual_ev
     lateness = new_histogram()
-    record_array(lateness, pace.lateness_ns[load.measure_from:])
+    record_array(lateness, (actual - intended_all)[:sent_frames][load.measure_from:])
     status = result.service_status
+    n_measured = result.tick_to_decision["count"]
     out = {
         "config": to_toml_dict(cfg),
+        "service": "null" if target.null else ("child" if target.start_service else "running"),
         "rate_offered": (extra or {}).get("rate_offered"),
-        "rate_achieved": pace.rate_achieved,
+        "rate_achieved": (sent_frames - 1) / elapsed_s if sent_frames > 1 else 0.0,
         "engine": status.engine if status else None,
         "model_version": status.model_version if status else None,
         "stages": stats.summary() if stats is not None else {},
         TICK_TO_DECISION: result.tick_to_decision,
+        "send_to_service_recv": result.send_to_service_recv,
         "pacer_lateness": summarize(lateness),
         "accounting": result.accounting,
+        "warmup_events": load.measure_from,
+        "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
+                         f"warm-up events",
+        "harness": plan.as_dict() | {"collectors": harness.collectors, "service_cores_seen": seen},
+        "answer_frames": {"decision": answers.decision_frames, "batch": answers.batch_frames,
+                          "undecodable": answers.undecodable_frames},
         "service_exit_code": service.proc.returncode if service is not None else None,
         "duplicates": result.duplicates,
         "unmatched_decisions": result.unmatched,
         "run_dir": str(run_dir),
-    } | (extra or {})
-    _write_histograms(run_dir, result, lateness, pace)
+        "machine": machine_info(),
+    } | ({"null_service": {"egress": target.null_egress, "delay_us": target.null_delay_us}} if target.null else {}) \
+      | (extra or {})
+    _write_histograms(run_dir, result, lateness)
     return out, stats, result
 
 
-SUBSCRIPTION_SETTLE_NS = 300_000_000
+def _placed_hot_cores(log_path: Path) -> list[int] | None:
+    """The hot core(s) the child service reports in its placement block (None: no block)."""
+    try:
+        m = re.search(r"placement: mode=\S+ .*? hot=(\S+)", log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    if m is None:
+        return None
+    return [] if m.group(1) == "-" else parse_cpulist(m.group(1))
 
 
-def _wait_running_service(pub: zmq.Socket, collector, n_topics: int, timeout_s: float = 30.0):
-    """A service that is already running: wait for its subscriptions and a Status (the baseline).
-
-    Other subscribers (a recorder, a second shard) may connect to the feed at
-    the same moment, so after the service's topics have arrived we wait until
-    no subscription has come for a moment: everyone connected gets every frame.
-    """
-    deadline = perf_ns() + int(timeout_s * 1e9)
-    subscribed = 0
-    status = None
-    last_sub = perf_ns()
-    while perf_ns() < deadline and (subscribed < n_topics or status is None
-                                     or perf_ns() - last_sub < SUBSCRIPTION_SETTLE_NS):
-        while pub.poll(0):
-            if pub.recv()[:1] == b"\x01":
-                subscribed += 1
-                last_sub = perf_ns()
-        if collector.sock.poll(20):
-            collector.poll()
-            status = collector.last_status() or status
-    if subscribed < n_topics:
-        raise UserError(f"no service subscribed to the feed endpoint within {timeout_s:.0f} s "
-                        f"({subscribed}/{n_topics} topics): is `hft-infer serve` running with this config?")
-    if status is None:
-        raise UserError(f"the service published no Status within {timeout_s:.0f} s on its decision endpoint")
-    collector.frames.clear()
-    collector.recv_ns.clear()
-    assert isinstance(status, Status)
-    return status
+def _send_all(children: list[Child], *words) -> dict[Child, str]:
+    for child in children:
+        child.send(*words)
+    return {child: str(words[0]) if words[0] != "stop" else "done" for child in children}
 
 
-def _wait_next_status(collector, timeout_s: float) -> None:
-    """A Status newer than every decision received: its counters include our events."""
-    deadline = perf_ns() + int(timeout_s * 1e9)
-    n = len(collector.frames)
-    while perf_ns() < deadline:
-        if collector.sock.poll(50):
-            collector.poll()
-        if any(collector.is_status(p) for p in collector.frames[n:]):
-            return
-
-
-def _write_histograms(run_dir: Path, result, lateness, pace) -> None:
+def _write_histograms(run_dir: Path, result, lateness) -> None:
     if result.tick_histogram.get_total_count():
         write_hgrm(result.tick_histogram, str(run_dir / f"{TICK_TO_DECISION}.hgrm"))
         result.write_hlog(str(run_dir / f"{TICK_TO_DECISION}.hlog"))
@@ -256,7 +364,8 @@ def _write_histograms(run_dir: Path, result, lateness, pace) -> None:
 
 
 class Progress:
-    """A one-line live progress display (rich), refreshed from the pacer once a second."""
+    """A one-line live progress display (rich, on stderr, gone when done), fed by the pacer's
+    once-a-second progress replies."""
 
     def __init__(self, total: int, label: str) -> None:
         self.p = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
@@ -278,25 +387,50 @@ class Progress:
         self.p.stop()
 
 
-def print_result(out: dict, title: str) -> None:
-    console = Console()
-    t = Table(title=title)
-    for col in ("stage", "count", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"):
-        t.add_column(col, justify="right" if col != "stage" else "left")
-
-    def row(name: str, r: dict) -> None:
-        def f(x):
-            return "-" if x is None else f"{x:,.1f}"
-
-        t.add_row(name, f"{r['count']:,}", f(r["p50_us"]), f(r["p90_us"]), f(r["p99_us"]), f(r["p999_us"]),
-                  f(r["max_us"]))
-
-    for stage, r in out["stages"].items():
-        row(stage, r)
-    row(TICK_TO_DECISION, out[TICK_TO_DECISION])
-    row("pacer lateness", out["pacer_lateness"])
-    console.print(t)
+def result_table(out: dict, title: str) -> str:
+    """The latency table and the lines that say what it covers (plain text, never cut)."""
+    rows = dict(out["stages"])
+    rows[TICK_TO_DECISION] = out[TICK_TO_DECISION]
+    rows["send->service recv"] = out["send_to_service_recv"]
+    rows["pacer lateness"] = out["pacer_lateness"]
     acc = out["accounting"]
-    console.print("accounting: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
-                                             for k, v in acc.items()))
-    console.print(f"results: {out['run_dir']}/summary.json")
+    h = out["harness"]
+    lines = [format_table(rows, title=title),
+             f"{out['latency_scope']} (intended send time -> decision received); send->service recv and "
+             f"pacer lateness over the same events",
+             f"harness: pacer {h['pacer']}" + (f" on core {h['pacer_core']}" if h["pacer_core"] is not None else "")
+             + f" (--pacer {h['pacer_choice']}), collector {h['collector']}"
+             + (f" x{h['collectors']}" if h["collectors"] > 1 else "") + f"; {h['reason']}",
+             f"accounting (all {acc['sent']:,} events sent, the {out['warmup_events']:,} warm-up events included; "
+             f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
+                                                              for k, v in acc.items())]
+    return "\n".join(lines)
+
+
+def floor_table(floor: dict, main: dict) -> str:
+    """tick_to_decision of the service beside the harness floor (null service), same feed and harness."""
+    f, m = floor[TICK_TO_DECISION], main[TICK_TO_DECISION]
+
+    def ratio(key: str):
+        return f"{m[key] / f[key]:.2f}x" if m.get(key) and f.get(key) else "-"
+
+    rows = {"floor (null service)": f, "service": m,
+            "service / floor": {"count": "", **{k: ratio(k) for k in ("p50_us", "p90_us", "p99_us", "p999_us",
+                                                                      "max_us")}}}
+    return format_table(rows, title=f"{TICK_TO_DECISION} beside the harness floor (same feed, pacer and collector)")
+
+
+def floor_ratios(floor: dict, main: dict) -> dict:
+    f, m = floor[TICK_TO_DECISION], main[TICK_TO_DECISION]
+    return {k: (m[k] / f[k] if m.get(k) and f.get(k) else None) for k in ("p50_us", "p99_us", "p999_us")}
+
+
+def print_result(out: dict, title: str) -> None:
+    if "floor" in out:
+        print(result_table(out["floor"], "floor: the null service under the same load"))
+        print()
+    print(result_table(out, title))
+    if "floor" in out:
+        print()
+        print(floor_table(out["floor"], out))
+    print(f"results: {out['run_dir']}/summary.json")

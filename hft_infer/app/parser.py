@@ -29,6 +29,31 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the final summary JSON here")
 
 
+def add_harness_arguments(p: argparse.ArgumentParser) -> None:
+    """The load generator's options, shared by bench and replay."""
+    p.add_argument("--pacer", choices=("auto", "spin", "sleep"), default="auto",
+                   help="spin: hit send times by spinning on a core of its own (accurate); sleep: sleep through "
+                        "every wait (for machines with too few cores to give the service, the pacer, the "
+                        "collector and their I/O threads one each); auto (default): spin with 4 or more cores, "
+                        "else sleep")
+    p.add_argument("--collectors", type=int, default=1, metavar="N",
+                   help="decision collector processes (default 1); more split the per-instrument topics "
+                        "between them, for services that publish one Decision per event at high rates")
+    floor = p.add_mutually_exclusive_group()
+    floor.add_argument("--null-service", action="store_true",
+                       help="measure the harness floor: a null service that answers every event at once "
+                            "(same sockets, framing and placement, no model) instead of the service")
+    floor.add_argument("--with-floor", action="store_true",
+                       help="run the null service first, then the service, with the same feed and harness; "
+                            "print both tables and their ratio")
+    p.add_argument("--null-egress", choices=("batch", "per_instrument"), default="batch",
+                   help="the null service answers a burst with one DecisionBatch (default) or one Decision "
+                        "per event on its instrument's topic")
+    p.add_argument("--null-delay-us", type=float, default=0.0, metavar="US",
+                   help="the null service holds each answer this long (calibration: tick-to-decision must "
+                        "then read this plus the floor)")
+
+
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Start the service as a subprocess, offer open-loop synthetic load at --rate events/s and "
                      "print per-stage and tick-to-decision percentiles and the accounting.")
@@ -37,14 +62,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load (default 10)")
     p.add_argument("--instruments", type=int, default=None, help="instruments in the feed (default: universe size)")
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals instead of a constant rate")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before measuring (default 1)")
+    p.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds of load before measuring (default 1): those events are sent and accounted "
+                        "for, and left out of the latency figures")
     p.add_argument("--json", metavar="PATH", help="write the result JSON here")
     p.add_argument("--run-dir", metavar="DIR", help="keep the service's histograms and logs here")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--pacer", choices=("auto", "spin", "sleep"), default="auto",
-                   help="spin: hit send times by spinning (accurate); sleep: sleep through every wait (for "
-                        "machines with too few cores to give the service, the pacer and their I/O threads "
-                        "one each); auto (default): spin with 4 or more cores, else sleep")
+    add_harness_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no live progress display")
 
 
@@ -85,9 +109,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-mismatches", type=int, default=10, metavar="N")
     parser.add_argument("--start-service", action="store_true",
                         help="run `hft-infer serve` with this config as a child for the replay")
+    add_harness_arguments(parser)
     parser.add_argument("--json", metavar="PATH", help="write the result JSON (bench schema) here")
     parser.add_argument("--run-dir", metavar="DIR", help="where to write summary.json and histograms")
-    parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress display and no list of skipped lines (their count is still printed)")
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:

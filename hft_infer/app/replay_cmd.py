@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hft_infer.app.bench import model_levels
-from hft_infer.app.drive import Load, Target, drive, print_result
+from hft_infer.app.bench import check_harness_args, check_output_paths, exit_status, model_levels, run_with_floor
+from hft_infer.app.drive import HarnessOptions, Load, Target, print_result
 from hft_infer.app.verify import DEFAULT_TOLERANCE, verify
 from hft_infer.config import load_config
 from hft_infer.errors import UserError
@@ -48,10 +48,11 @@ def load_lobster_source(paths: list[str], *, levels: int | None = None, strict: 
     except LobsterError as e:
         raise UserError(str(e)) from None
     n = result.counts["malformed_lines"]
-    if n and not quiet:
-        for line in result.skipped[:10]:
-            print(f"skipped {line}", file=sys.stderr)
-        more = f" ({n - 10} more not shown)" if n > 10 else ""
+    if n:  # the count even with --quiet: a replay of fewer events than the file holds must say so
+        if not quiet:
+            for line in result.skipped[:10]:
+                print(f"skipped {line}", file=sys.stderr)
+        more = f" ({n - 10} more not shown)" if n > 10 and not quiet else ""
         print(f"{n} malformed lines skipped{more}; --strict makes them fatal", file=sys.stderr)
     return result
 
@@ -131,24 +132,38 @@ def _load(args: argparse.Namespace, cfg, kind: str):
     return events, feed, pacer.by_timestamps(np.asarray(ts), speed), event_record, f"original timing x{speed:g}"
 
 
-def main(args: argparse.Namespace) -> int:
-
+def check_numbers(args: argparse.Namespace) -> None:
+    """Bad numbers are one-line usage errors, before anything is loaded."""
     if args.poisson and args.rate is None:
         raise UserError("--poisson goes with --rate")
     for name in ("speed", "rate"):
         v = getattr(args, name)
         if v is not None and not v > 0:
-            raise UserError(f"--{name} must be > 0")
+            raise UserError(f"--{name} must be > 0 (got {v:g})")
+    for name, v, low in (("events", args.events, 1), ("instruments", args.instruments, 1),
+                         ("levels", args.levels, 1), ("show-mismatches", args.show_mismatches, 0)):
+        if v is not None and v < low:
+            raise UserError(f"--{name} must be >= {low} (got {v})")
+    if args.tolerance is not None and not args.tolerance >= 0:
+        raise UserError(f"--tolerance must be >= 0 (got {args.tolerance:g})")
+    check_harness_args(args)
+    check_output_paths(args)
+
+
+def main(args: argparse.Namespace) -> int:
+    check_numbers(args)
     cfg = load_config(args.config, args.overrides)
     kind = _source_kind(args)
     events, feed, offsets, event_record, how = _load(args, cfg, kind)
     run_dir = Path(args.run_dir or os.path.join("runs", f"replay-{time.strftime('%Y%m%d-%H%M%S')}"))
     load = Load(events, feed, offsets, description=f"{kind}, {how}", event_record=event_record)
-    out, _stats, result = drive(load, Target(cfg, args.config, list(args.overrides), args.start_service), run_dir,
-                                quiet=args.quiet, label="replay",
-                                extra={"rate_offered": float(len(feed) / max((offsets[-1] - offsets[0]) / 1e9, 1e-9))
-                                       if len(feed) > 1 and offsets[-1] > offsets[0] else None,
-                                       "source": kind, "sources": list(args.sources), "pacing": how})
+    target = Target(cfg, args.config, list(args.overrides), args.start_service or args.null_service,
+                    null=args.null_service, null_egress=args.null_egress, null_delay_us=args.null_delay_us)
+    span_s = (offsets[-1] - offsets[0]) / 1e9 if len(feed) > 1 else 0.0
+    out, _stats, result = run_with_floor(load, target, run_dir, with_floor=args.with_floor, label="replay",
+                                         quiet=args.quiet, harness=HarnessOptions(args.pacer, args.collectors, reset_first=True),
+                                         extra={"rate_offered": len(feed) / span_s if span_s > 0 else None,
+                                                "source": kind, "sources": list(args.sources), "pacing": how})
     status = 0
     if args.verify:
         tol = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
@@ -160,13 +175,15 @@ def main(args: argparse.Namespace) -> int:
                          "tolerance": tol, "model_version": vr.model_version}
         print(vr.report(args.show_mismatches), file=sys.stderr)
         if not vr.ok or vr.compared == 0:
+            print("replay: exit 1: verify found mismatches" if not vr.ok else
+                  "replay: exit 1: verify compared no decision", file=sys.stderr)
             status = 1
     text = json.dumps(out, indent=2)
     (run_dir / "summary.json").write_text(text)
     if args.json:
         Path(args.json).write_text(text)
-    print_result(out, f"hft-infer replay — {kind}, {how}, {out['rate_achieved']:,.0f} events/s achieved, "
-                      f"model={out['model_version']}")
-    if out["accounting"]["lost"] != 0:
-        status = 1
-    return status
+    what = "the null service (harness floor)" if out["service"] == "null" else f"model={out['model_version']}"
+    print_result(out, f"hft-infer replay — {kind}, {how}, {out['rate_achieved']:,.0f} events/s achieved, {what}")
+    if args.json:
+        print(f"json: {args.json}")
+    return exit_status(out, "replay") or status

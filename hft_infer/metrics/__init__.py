@@ -290,17 +290,33 @@ def from_wire(w: WireIntervalCounts) -> IntervalCounts:
                           w.min_ns, w.max_ns, w.total)
 
 
-def format_table(rows: dict[str, dict], title: str = "") -> str:
-    """Plain-text percentile table (µs) for summaries printed by serve/bench/replay."""
-    lines = []
-    if title:
-        lines.append(title)
-    lines.append(f"{'stage':18s} {'count':>10s} {'p50':>9s} {'p90':>9s} {'p99':>9s} {'p99.9':>9s} {'max':>10s}")
+TABLE_COLUMNS = (("count", "count"), ("p50", "p50_us"), ("p90", "p90_us"), ("p99", "p99_us"),
+                 ("p99.9", "p999_us"), ("max", "max_us"))
 
-    def fmt(x):
-        return f"{x:9.1f}" if x is not None and not math.isnan(x) else f"{'-':>9s}"
 
-    for name, r in rows.items():
-        lines.append(f"{name:18s} {r['count']:10d} {fmt(r['p50_us'])} {fmt(r['p90_us'])} {fmt(r['p99_us'])} "
-                     f"{fmt(r['p999_us'])} {fmt(r['max_us']):>10s}")
+def format_table(rows: dict[str, dict], title: str = "", *, unit: str = "µs") -> str:
+    """The one percentile table of serve, bench and replay: plain text, one row per entry
+    of `rows` (a `summarize` dict: count, then p50/p90/p99/p99.9/max in `unit`).
+
+    Every column is as wide as its widest cell, so numbers are never cut or
+    wrapped, whatever the terminal or pipe. Cells: ints with thousands
+    separators, floats with one decimal, None/NaN as "-", strings as given
+    (e.g. ratios such as "2.31x")."""
+
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        if isinstance(v, bool) or isinstance(v, str):
+            return str(v)
+        if isinstance(v, int):
+            return f"{v:,}"
+        return f"{v:,.1f}"
+
+    header = ["stage"] + [h if k == "count" else f"{h} {unit}" for h, k in TABLE_COLUMNS]
+    body = [[name] + [cell(r.get(k)) for _, k in TABLE_COLUMNS] for name, r in rows.items()]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = [title] if title else []
+    for row in [header, *body]:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

@@ -65,28 +65,35 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
 
 
 def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
+    """Twice through one service: the second replay verifies against a fresh start only because
+    the replay's Reset clears the state the first one left behind (windows, held positions)."""
     with ServiceUnderTest() as svc:
         svc.start(feed=False)  # the replay binds the feed endpoint
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
-        r = cli("replay", str(next(LOBSTER.glob("AAPL*message*"))), str(next(LOBSTER.glob("MSFT*message*"))),
-                "--rate", "50000", "--verify", "--set", "service.name=t",
-                *sum((["--set", o] for o in TEST_MODEL), []), "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        runs = []
+        for k in range(2):
+            r = cli("replay", str(next(LOBSTER.glob("AAPL*message*"))), str(next(LOBSTER.glob("MSFT*message*"))),
+                    "--rate", "50000", "--verify", "--set", "service.name=t",
+                    *sum((["--set", o] for o in TEST_MODEL), []), "--run-dir", str(tmp_path / f"run{k}"), "--quiet",
+                    env=env)
+            assert r.returncode == 0, r.stderr + r.stdout
+            assert "0 mismatches" in r.stderr
+            runs.append(json.loads((tmp_path / f"run{k}" / "summary.json").read_text()))
         final = svc.stop()
-    assert r.returncode == 0, r.stderr + r.stdout
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["accounting"]["lost"] == 0 and summary["accounting"]["sent"] > 10
-    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] > 0
-    assert "0 mismatches" in r.stderr
-    assert final.received == summary["accounting"]["sent"]
+    for summary in runs:
+        assert summary["accounting"]["lost"] == 0 and summary["accounting"]["sent"] > 10
+        assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] > 0
+    assert final.received == sum(s["accounting"]["sent"] for s in runs)
+    assert final.resets == 2  # one per replay, before its first event
     # the run directory's HDR files read back with HdrHistogram's own readers
     from hdrh.log import HistogramLogReader
 
-    reader = HistogramLogReader(str(tmp_path / "run" / "tick_to_decision.hlog"), None)
+    reader = HistogramLogReader(str(tmp_path / "run0" / "tick_to_decision.hlog"), None)
     total = 0
     while (h := reader.get_next_interval_histogram()) is not None:
         total += h.get_total_count()
     assert total == summary["tick_to_decision"]["count"] > 0
-    assert "Percentile" in (tmp_path / "run" / "tick_to_decision.hgrm").read_text()
+    assert "Percentile" in (tmp_path / "run0" / "tick_to_decision.hgrm").read_text()
 
 
 def test_verify_detects_a_perturbed_decision():

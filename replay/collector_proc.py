@@ -1,0 +1,179 @@
+"""The collector process: receive decision-socket frames and timestamp them, nothing else.
+
+    python -m hft_infer.replay.collector_proc --endpoint EP --out FRAMES.npz [--subscribe HEX]...
+        [--capacity N] [--core C] [--io-cores 1,2] [--spin] [--no-topic-frame]
+
+Per frame it does two recv calls (topic, payload), one CLOCK_MONOTONIC read
+right after the first, and two stores into preallocated lists; nothing is
+decoded during the run (hft_infer.replay.collector decodes the file
+afterwards). `--spin` busy-polls (a core of its own); without it the process
+blocks in zmq_poll and is woken by the frame, which is what a machine without
+spare cores can afford (the wake-up is part of what it measures).
+
+Replies on stdout (replay.child): `ready` when the first Status arrives (the
+subscription has reached the service, so no later decision can be missed);
+then, on command,
+- `quiet Q T`:  replies `quiet` once no frame has come for Q s (`quiet timeout` after T s);
+- `final T`:    replies `final` once a Status with final = true has come (`final timeout`);
+- `status T`:   replies `status` once a Status newer than the command has come;
+- `stop`:       writes every frame and its receive time to --out, replies `done N`, exits.
+Commands are read between bursts (at most every ~1 ms while spinning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import zmq
+
+from hft_infer.clock import perf_ns
+from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, set_timer_slack, zmq_context
+from hft_infer.transport.codec import EgressDecoder
+from hft_infer.transport.schema import TAG_STATUS, Status
+from hft_infer.transport.sockets import connect
+
+COMMAND_CHECK_NS = 1_000_000
+CHECK_EVERY_FRAMES = 1024  # a busy stream never raises Again: look at the commands anyway
+
+
+def save_frames(path: str, frames: list, recv_ns: list) -> None:
+    lengths = np.fromiter((len(f) for f in frames), dtype=np.uint32, count=len(frames))
+    np.savez(path, recv_ns=np.asarray(recv_ns, dtype=np.int64), payload_len=lengths,
+             payload_blob=np.frombuffer(b"".join(frames), dtype=np.uint8))
+
+
+def load_frames(path: str) -> tuple[list[bytes], np.ndarray]:
+    """(payloads, receive times in perf_counter_ns) written by a collector process."""
+    with np.load(path) as z:
+        data = z["payload_blob"].tobytes()
+        ends = np.cumsum(z["payload_len"], dtype=np.int64).tolist()
+        return [data[a:b] for a, b in zip([0] + ends[:-1], ends)], z["recv_ns"].copy()
+
+
+class Receiver:
+    def __init__(self, sock: zmq.Socket, *, topic_frame: bool, capacity: int) -> None:
+        self.sock = sock
+        self.topic_frame = topic_frame
+        self.frames: list = [None] * capacity
+        self.times: list = [0] * capacity
+        self.n = 0
+        self.status_at: list[int] = []  # indices of Status frames (by their tag byte)
+        self.decode = EgressDecoder().decode
+
+    def drain(self) -> None:
+        """Receive until the socket is empty or CHECK_EVERY_FRAMES frames have come."""
+        recv, nb, topic_frame = self.sock.recv, int(zmq.NOBLOCK), self.topic_frame
+        frames, times, status_at = self.frames, self.times, self.status_at
+        n = self.n
+        limit = min(len(frames), n + CHECK_EVERY_FRAMES)
+        try:
+            while n < limit:
+                first = recv(nb)
+                t = perf_ns()
+                payload = recv(nb) if topic_frame else first
+                frames[n] = payload
+                times[n] = t
+                # a fixarray header then the tag: Status frames are rare and looked at by the commands
+                if len(payload) > 1 and payload[1] == TAG_STATUS:
+                    status_at.append(n)
+                n += 1
+        except zmq.Again:
+            pass
+        self.n = n
+        if n == len(frames):  # grow (cold): a run with more frames than the capacity guessed
+            frames.extend([None] * len(frames))
+            times.extend([0] * len(times))
+
+    def status(self, i: int) -> Status | None:
+        try:
+            msg = self.decode(self.frames[i])
+        except Exception:  # noqa: BLE001 - a garbled frame is no Status
+            return None
+        return msg if isinstance(msg, Status) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="collector_proc")
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--subscribe", action="append", default=None, metavar="HEX",
+                    help="topic prefix in hex (repeatable; default: everything)")
+    ap.add_argument("--capacity", type=int, default=1 << 16)
+    ap.add_argument("--core", type=int, default=None)
+    ap.add_argument("--io-cores", default="")
+    ap.add_argument("--spin", action="store_true")
+    ap.add_argument("--no-topic-frame", action="store_true")
+    a = ap.parse_args(argv)
+    set_timer_slack()
+    ctx = zmq_context(parse_cores(a.io_cores))
+    placed = pin_self(a.core)
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)  # never drop: a slow collector must show, not lose
+    sock.setsockopt(zmq.LINGER, 0)
+    for topic in a.subscribe if a.subscribe is not None else [""]:
+        sock.setsockopt(zmq.SUBSCRIBE, bytes.fromhex(topic))
+    connect(sock, a.endpoint)
+    log(f"collector: {'spin' if a.spin else 'block'}, {placed}, io cores {a.io_cores or '-'}, "
+        f"{len(a.subscribe) if a.subscribe is not None else 'all'} topic(s)")
+    rx = Receiver(sock, topic_frame=not a.no_topic_frame, capacity=max(a.capacity, 1024))
+    commands = Commands()
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(commands.fd, zmq.POLLIN)
+    ready = False
+    waiting = None  # (what, argument, deadline_ns) of the command being answered
+    next_check = 0
+    while True:
+        rx.drain()
+        now = perf_ns()
+        if now < next_check:
+            if a.spin:
+                continue
+            # blocking: sleep in zmq_poll until a frame, a command or the next check is due
+            timeout_ms = 10 if waiting is not None and waiting[0] == "quiet" else 100
+            events = dict(poller.poll(timeout_ms))
+            if sock in events and commands.fd not in events:
+                continue
+            now = perf_ns()
+        next_check = now + COMMAND_CHECK_NS  # also while frames never stop coming
+        lines = commands.poll(0)
+        if not ready and rx.status_at:
+            reply("ready")
+            ready = True
+        for line in lines:
+            words = line.split()
+            if words[0] == "stop":
+                save_frames(a.out, rx.frames[:rx.n], rx.times[:rx.n])
+                reply("done", rx.n)
+                log(f"collector: {rx.n} frames")
+                return 0
+            if words[0] == "exit":
+                return 0
+            if words[0] == "quiet":
+                # quiet since the later of the last frame and the command
+                waiting = ("quiet", (now, int(float(words[1]) * 1e9)), now + int(float(words[2]) * 1e9))
+            elif words[0] == "final":
+                waiting = ("final", 0, now + int(float(words[1]) * 1e9))  # arg: first Status not yet looked at
+            elif words[0] == "status":
+                waiting = ("status", rx.n, now + int(float(words[1]) * 1e9))
+        if commands.eof:
+            return 0
+        if waiting is not None:
+            what, arg, deadline = waiting
+            if what == "quiet":
+                since, quiet_ns = arg
+                done = now - max(since, rx.times[rx.n - 1] if rx.n else 0) >= quiet_ns
+            elif what == "final":
+                done = any((s := rx.status(i)) is not None and s.final for i in rx.status_at[arg:])
+                waiting = (what, len(rx.status_at), deadline)  # look at each Status once
+            else:
+                done = any(i >= arg for i in rx.status_at)
+            if done or now > deadline:
+                reply(what if done else f"{what} timeout")
+                waiting = None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The pacer process: bind the feed, wait for the service's subscriptions, send on schedule.
+
+    python -m hft_infer.replay.pacer_proc --feed FEED.npz --endpoint EP --out RESULT.npz
+        [--topics N] [--settle-ms MS] [--core C] [--io-cores 1,2] [--spin] [--no-topic-frame]
+        [--reset-first]
+
+Replies on stdout (replay.child): `bound` once the feed's XPUB is bound,
+`subscribed K` once K >= N subscriptions have arrived (and, with --settle-ms,
+none for that long: every subscriber connected gets every frame), then after
+`go START_MONO_NS` it paces the feed (replay.pacer) from that
+CLOCK_MONOTONIC time (with --reset-first, a Reset of every instrument goes
+out just before the first event, so a running service decides the replay as
+if it had just started), sends `progress I N` about once a second, writes the
+intended and actual send times to --out and replies `done SENT`. It keeps the
+socket open until `exit` (or the end of stdin), so that frames still queued
+in libzmq are delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import zmq
+
+from hft_infer.clock import perf_ns
+from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, set_timer_slack, zmq_context
+from hft_infer.replay.pacer import Pacer, load_feed
+from hft_infer.transport.codec import SERVICE_TOPIC, encode
+from hft_infer.transport.schema import ALL_INSTRUMENTS, Reset
+from hft_infer.transport.sockets import EndpointError, bind
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pacer_proc")
+    ap.add_argument("--feed", required=True)
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--topics", type=int, default=1, help="subscriptions to wait for")
+    ap.add_argument("--settle-ms", type=float, default=0.0)
+    ap.add_argument("--core", type=int, default=None)
+    ap.add_argument("--io-cores", default="")
+    ap.add_argument("--spin", action="store_true")
+    ap.add_argument("--no-topic-frame", action="store_true")
+    ap.add_argument("--reset-first", action="store_true", help="send a Reset of every instrument first")
+    a = ap.parse_args(argv)
+    slack = set_timer_slack()
+    ctx = zmq_context(parse_cores(a.io_cores))
+    placed = pin_self(a.core)
+    log(f"pacer: {'spin' if a.spin else 'sleep'}, {placed}, io cores {a.io_cores or '-'}, "
+        f"timer slack {'1 ns' if slack else 'default'}")
+    feed, offsets = load_feed(a.feed)
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.SNDHWM, 0)  # never drop: a slow service shows up as latency
+    pub.setsockopt(zmq.LINGER, 2000)
+    try:
+        bind(pub, a.endpoint)
+    except EndpointError as e:
+        reply("error", str(e))
+        return 2
+    reply("bound")
+    commands = Commands()
+    subscribed, last_sub = 0, perf_ns()
+    settle_ns = int(a.settle_ms * 1e6)
+    go = None
+    reported = False
+    while go is None:
+        if pub.poll(20):
+            while pub.poll(0):
+                if pub.recv()[:1] == b"\x01":
+                    subscribed += 1
+                    last_sub = perf_ns()
+        if not reported and subscribed >= a.topics and perf_ns() - last_sub >= settle_ns:
+            reply("subscribed", subscribed)
+            log(f"pacer: {subscribed} subscriptions")
+            reported = True
+        for line in commands.poll(0):
+            if line.startswith("go"):
+                go = int(line.split()[1])
+            elif line == "exit":
+                return 0
+        if commands.eof:
+            return 0
+
+    def progress(i: int, n: int) -> None:
+        reply("progress", i, n)
+
+    if a.reset_first:
+        _send_reset(pub, topic_frame=not a.no_topic_frame)
+    res = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin,
+                progress_hook=progress).run(start_mono_ns=go)
+    np.savez(a.out, intended=res.intended_mono_ns, actual=res.actual_mono_ns, sent=np.int64(res.sent),
+             elapsed_s=np.float64(res.elapsed_s))
+    reply("done", res.sent)
+    log(f"pacer: sent {res.sent} in {res.elapsed_s:.3f} s ({res.rate_achieved:,.0f}/s)")
+    while not commands.eof:
+        if "exit" in commands.poll(1.0):
+            break
+    pub.close()  # LINGER: what libzmq still holds goes out first
+    ctx.term()
+    return 0
+
+
+def _send_reset(pub: zmq.Socket, *, topic_frame: bool) -> None:
+    """One Reset of every instrument, on the service topic; ordered before the feed's first frame
+    because both leave through this one socket."""
+    payload = encode(Reset(ts_send_ns=time.time_ns(), instrument=ALL_INSTRUMENTS))
+    if topic_frame:
+        pub.send(SERVICE_TOPIC, zmq.SNDMORE)
+    pub.send(payload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
