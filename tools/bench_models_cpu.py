@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hft_infer.models import PRESETS, build_model, dataset as ds
-from hft_infer.models.executor import build_executor
+from hft_infer.models.build import build_executor
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 

@@ -117,7 +117,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
            reason: str, store: FeatureStore | None = None) -> Runtime:
     from hft_infer.models.decision import DecisionPolicy
-    from hft_infer.models.executor import build_executor
+    from hft_infer.models.build import build_executor
     from hft_infer.runner.eager import EagerEngine
 
     store = store or FeatureStore(n_slots, model.spec.levels, depth)
