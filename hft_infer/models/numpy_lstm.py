@@ -22,11 +22,15 @@ next layer's input; the head reads [h_{L-1} | 1]. The 1 columns are set at
 reset and never written by a step; `reset_slots` zeroes h and c of exactly
 those slots (it writes the template row: zeros and the 1 columns).
 
-Batch 1 works in place on the slot's own state rows (no gather, no scatter);
-larger batches gather the slots' rows with one `take`, step, and scatter
-them back with one assignment (duplicates are only the padding sink, whose
-state is then arbitrary). What still allocates per step: `reference.features`
-and `reference.scores` (their small temporaries).
+A step gathers the slots' state rows into scratch with one `take`, steps, and
+scatters them back with one assignment (duplicates are only the padding
+sink, whose state is then arbitrary). The views of the scratch each layer
+reads and writes are made once per batch size (`_plan`: slicing costs
+~0.2-0.4 µs a view, a dozen per layer otherwise). The incremental method at
+batch 1 works in place on the slot's W state rows instead (a gather and a
+scatter of W rows would cost more than its few fresh views). What still
+allocates per step: `reference.features` and `reference.scores` (their
+small temporaries).
 """
 
 from __future__ import annotations
@@ -48,20 +52,33 @@ def _gate_weights(model: LstmModel, layer: int) -> tuple[np.ndarray, np.ndarray,
     return w_ih.T * scale, w_hh.T * scale, bias * scale
 
 
-def lstm_cell(gates: np.ndarray, c: np.ndarray, h: np.ndarray) -> None:
-    """In place: gates [M, 4H] pre-activations (i, f, o halved; g), c [M, H] -> c', h [M, H] <- h'.
-    torch.nn.LSTM's math: c' = f * c + i * g, h' = o * tanh(c'). `gates` is clobbered."""
-    hid = c.shape[-1]
+def gate_views(gates: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(gates, sigmoid block, i, f, o, g) views of a [M, 4H] gate buffer in (i, f, o, g) order."""
+    hid = gates.shape[1] // 4
+    return (gates, gates[:, : 3 * hid], gates[:, :hid], gates[:, hid: 2 * hid], gates[:, 2 * hid: 3 * hid],
+            gates[:, 3 * hid:])
+
+
+def lstm_cell(views: tuple[np.ndarray, ...], c: np.ndarray, h: np.ndarray) -> None:
+    """In place, nine numpy calls: `views` (gate_views) of the pre-activations (i, f, o halved;
+    g), c [M, H] -> c', h [M, H] <- h'. torch.nn.LSTM's math: c' = f * c + i * g,
+    h' = o * tanh(c'). The gate buffer is clobbered."""
+    gates, sig, i, f, o, g = views
     np.tanh(gates, out=gates)
-    sig = gates[:, : 3 * hid]
     np.multiply(sig, 0.5, out=sig)
     np.add(sig, 0.5, out=sig)
-    i, f, o, g = gates[:, :hid], gates[:, hid: 2 * hid], gates[:, 2 * hid: 3 * hid], gates[:, 3 * hid:]
     np.multiply(c, f, out=c)
     np.multiply(i, g, out=i)
     np.add(c, i, out=c)
     np.tanh(c, out=h)
     np.multiply(h, o, out=h)
+
+
+class _Plan:
+    """Views of the scratch buffers for one batch size."""
+
+    __slots__ = ("rows", "block", "layers", "gates", "head_in", "logits", "x", "flat", "base", "raw", "xproj",
+                 "emit", "emit_rows", "row_base")
 
 
 class _NumpyLstm(Executor):
@@ -71,6 +88,7 @@ class _NumpyLstm(Executor):
     ring_rows = 1
     backend = "numpy"
     x_width = 0  # columns of the new row's features at the start of a state row
+    rows_per_slot = 1  # state rows per slot
 
     def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
         super().__init__(model, ring, max_batch)
@@ -85,6 +103,9 @@ class _NumpyLstm(Executor):
         self.row_width = x + nl * (hid + 1) + nl * hid
         self._template = np.zeros(self.row_width, dtype=dt)
         self._template[[h + hid for h in self._h]] = 1.0
+        k = self.rows_per_slot
+        self.state = np.empty((self.n_slots, k, self.row_width), dtype=dt)
+        self._rows = np.empty((max_batch, k, self.row_width), dtype=dt)
         self._ring_flat = self.ring_np.reshape(self.n_slots * self.ring_len, f)
         self._head = np.concatenate([model.head.weight.detach().double().numpy().T,
                                      model.head.bias.detach().double().numpy()[None, :]]).astype(dt)
@@ -92,7 +113,7 @@ class _NumpyLstm(Executor):
         self._flat = np.empty(max_batch, np.int64)
         self._base = np.empty(max_batch, np.int64)
         self._raw = np.empty((max_batch, f), np.float32)
-        self._gates = np.empty((max_batch * self.gate_rows_per_slot(), 4 * hid), dtype=dt)
+        self._gates = np.empty((max_batch * k, 4 * hid), dtype=dt)
         self._weights: list[np.ndarray] = []  # per layer: [input columns, 4H] (see _layer_input)
         for layer in range(nl):
             w_ih, w_hh, bias = _gate_weights(model, layer)
@@ -100,35 +121,54 @@ class _NumpyLstm(Executor):
                 self._weights.append(self._first_layer(w_ih, w_hh, bias).astype(dt))
             else:  # [h_below | 1 | h]
                 self._weights.append(np.concatenate([w_ih, bias[None, :], w_hh]).astype(dt))
-
-    def gate_rows_per_slot(self) -> int:
-        return 1
+        self._plans: dict[int, _Plan] = {}
+        self.reset()
 
     def _first_layer(self, w_ih: np.ndarray, w_hh: np.ndarray, bias: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _new_features(self, slots: np.ndarray, positions: np.ndarray, n: int) -> np.ndarray:
+    def _layer_input(self, layer: int) -> slice:
+        """Columns [x | h_0 | 1] (layer 0 of stream) or [h_below | 1 | h] that a layer reads."""
+        if layer == 0:
+            return slice(0, self._h[0] + self.hidden + 1)
+        return slice(self._h[layer - 1], self._h[layer] + self.hidden)
+
+    def _layer_views(self, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per layer (input, c, h) views of state rows [M, row_width]."""
+        hid = self.hidden
+        return [(rows[:, self._layer_input(k)], rows[:, c: c + hid], rows[:, h: h + hid])
+                for k, (h, c) in enumerate(zip(self._h, self._c))]
+
+    def _head_in(self, rows: np.ndarray) -> np.ndarray:
+        return rows[:, self._h[-1]: self._h[-1] + self.hidden + 1]  # [h_{L-1} | 1]
+
+    def _plan(self, n: int) -> _Plan:
+        plan = _Plan()
+        plan.block = self._rows[:n]
+        plan.rows = plan.block.reshape(n * self.rows_per_slot, self.row_width)
+        plan.layers = self._layer_views(plan.rows)
+        plan.gates = gate_views(self._gates[: n * self.rows_per_slot])
+        plan.logits = self._logits[:n]
+        plan.flat, plan.base, plan.raw = self._flat[:n], self._base[:n], self._raw[:n]
+        self._plans[n] = plan
+        return plan
+
+    def reset(self) -> None:
+        self.state[:] = self._template
+
+    def reset_slots(self, slots) -> None:
+        self.state[np.asarray(slots, dtype=np.int64)] = self._template
+
+    def _new_features(self, slots: np.ndarray, positions: np.ndarray, n: int, plan: _Plan) -> np.ndarray:
         """reference.features of each trigger's own row ring[slot, position % R] -> [n, F]."""
         if n == 1:
             p = int(positions[0]) % self.ring_len
             raw = self.ring_np[int(slots[0]), p: p + 1]
         else:
-            flat = np.remainder(positions, self.ring_len, out=self._flat[:n])
-            flat += np.multiply(slots, self.ring_len, out=self._base[:n])
-            raw = self._ring_flat.take(flat, axis=0, out=self._raw[:n])
+            flat = np.remainder(positions, self.ring_len, out=plan.flat)
+            flat += np.multiply(slots, self.ring_len, out=plan.base)
+            raw = self._ring_flat.take(flat, axis=0, out=plan.raw)
         return features(raw.astype(self.np_dtype, copy=False), self._mean, self._inv_std)
-
-    def _layer_input(self, layer: int) -> slice:
-        """Columns [below | h | 1] (layer 0 of stream) or [h_below | 1 | h] that layer reads."""
-        hid = self.hidden
-        if layer == 0:
-            return slice(0, self._h[0] + hid + 1)
-        return slice(self._h[layer - 1], self._h[layer] + hid)
-
-    def _score(self, top: np.ndarray, n: int, out: np.ndarray) -> None:
-        """top: rows [n, ...] whose columns h_{L-1} | 1 feed the head."""
-        lo = self._h[-1]
-        out[:] = scores(np.matmul(top[:, lo: lo + self.hidden + 1], self._head, out=self._logits[:n]))
 
 
 class LstmStreamNumpyExecutor(_NumpyLstm):
@@ -137,36 +177,26 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
     def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
         self.x_width = model.spec.features
         super().__init__(model, ring, max_batch)
-        self.state = np.empty((self.n_slots, self.row_width), dtype=self.np_dtype)
-        self._rows = np.empty((max_batch, self.row_width), dtype=self.np_dtype)
-        self.reset()
 
     def _first_layer(self, w_ih, w_hh, bias):  # [x | h_0 | 1]
         return np.concatenate([w_ih, w_hh, bias[None, :]])
 
-    def reset(self) -> None:
-        self.state[:] = self._template
-
-    def reset_slots(self, slots) -> None:
-        self.state[np.asarray(slots, dtype=np.int64)] = self._template
+    def _plan(self, n: int) -> _Plan:
+        plan = super()._plan(n)
+        plan.x = plan.rows[:, : self.width]
+        plan.head_in = self._head_in(plan.rows)
+        return plan
 
     def step(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         n = self._check_batch(slots)
-        if n == 1:
-            s = int(slots[0])
-            rows = self.state[s: s + 1]  # in place
-        else:
-            rows = self.state.take(slots, axis=0, out=self._rows[:n])
-        rows[:, : self.width] = self._new_features(slots, positions, n)
-        gates = self._gates[:n]
-        hid = self.hidden
-        for layer, wt in enumerate(self._weights):
-            np.matmul(rows[:, self._layer_input(layer)], wt, out=gates)
-            h, c = self._h[layer], self._c[layer]
-            lstm_cell(gates, rows[:, c: c + hid], rows[:, h: h + hid])
-        self._score(rows, n, out)
-        if n > 1:
-            self.state[slots] = rows
+        plan = self._plans.get(n) or self._plan(n)
+        self.state.take(slots, axis=0, out=plan.block)
+        plan.x[...] = self._new_features(slots, positions, n, plan)
+        for wt, (inp, c, h) in zip(self._weights, plan.layers):
+            np.matmul(inp, wt, out=plan.gates[0])
+            lstm_cell(plan.gates, c, h)
+        out[:] = scores(np.matmul(plan.head_in, self._head, out=plan.logits))
+        self.state[slots] = plan.block
 
 
 class LstmIncrementalNumpyExecutor(_NumpyLstm):
@@ -178,19 +208,14 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
 
     def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
         self.x_width = 0
+        self.rows_per_slot = model.spec.window
         super().__init__(model, ring, max_batch)
-        w, dt, f = self.window, self.np_dtype, self.width
-        self.state = np.empty((self.n_slots, w, self.row_width), dtype=dt)
-        self._rows = np.empty((max_batch, w, self.row_width), dtype=dt)
+        dt, f = self.np_dtype, self.width
         self._x = np.ones((max_batch, f + 1), dtype=dt)  # column f stays 1: layer 0's bias input
         self._xproj = np.empty((max_batch, 4 * self.hidden), dtype=dt)
         self._emit = np.empty(max_batch, np.int64)
         self._emit_rows = np.empty((max_batch, self.row_width), dtype=dt)
-        self._row_base = np.arange(max_batch, dtype=np.int64) * w
-        self.reset()
-
-    def gate_rows_per_slot(self) -> int:
-        return self.window
+        self._row_base = np.arange(max_batch, dtype=np.int64) * self.window
 
     def _first_layer(self, w_ih, w_hh, bias):
         self._w_x = np.concatenate([w_ih, bias[None, :]]).astype(self.np_dtype)  # [x | 1], once per row
@@ -201,41 +226,43 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
             return slice(self._h[0], self._h[0] + self.hidden)
         return super()._layer_input(layer)
 
-    def reset(self) -> None:
-        self.state[:] = self._template
-
-    def reset_slots(self, slots) -> None:
-        self.state[np.asarray(slots, dtype=np.int64)] = self._template
+    def _plan(self, n: int) -> _Plan:
+        plan = super()._plan(n)
+        plan.x = self._x[:n]
+        plan.xproj = self._xproj[:n]
+        plan.emit, plan.emit_rows, plan.row_base = self._emit[:n], self._emit_rows[:n], self._row_base[:n]
+        plan.head_in = self._head_in(plan.emit_rows)
+        return plan
 
     def step(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         n = self._check_batch(slots)
         w, hid = self.window, self.hidden
-        if n == 1:
-            s = int(slots[0])
-            block = self.state[s: s + 1]  # in place
+        plan = self._plans.get(n) or self._plan(n)
+        if n == 1:  # in place on the slot's W rows
+            rows = self.state[int(slots[0])]
+            layers = self._layer_views(rows)
         else:
-            block = self.state.take(slots, axis=0, out=self._rows[:n])
-        rows = block.reshape(n * w, self.row_width)
-        x = self._x[:n]
-        x[:, : self.width] = self._new_features(slots, positions, n)
-        xproj = np.matmul(x, self._w_x, out=self._xproj[:n])
-        gates = self._gates[: n * w]
-        for layer, wt in enumerate(self._weights):
-            np.matmul(rows[:, self._layer_input(layer)], wt, out=gates)
+            self.state.take(slots, axis=0, out=plan.block)
+            rows, layers = plan.rows, plan.layers
+        plan.x[:, : self.width] = self._new_features(slots, positions, n, plan)
+        np.matmul(plan.x, self._w_x, out=plan.xproj)
+        gates = plan.gates[0]
+        for layer, (wt, (inp, c, h)) in enumerate(zip(self._weights, layers)):
+            np.matmul(inp, wt, out=gates)
             if layer == 0:
                 g3 = gates.reshape(n, w, 4 * hid)
-                np.add(g3, xproj[:, None, :], out=g3)
-            h, c = self._h[layer], self._c[layer]
-            lstm_cell(gates, rows[:, c: c + hid], rows[:, h: h + hid])
+                np.add(g3, plan.xproj[:, None, :], out=g3)
+            lstm_cell(plan.gates, c, h)
         # Emit the window that has now seen W rows (index (t + 1) mod W), then restart it.
         if n == 1:
             e = (int(positions[0]) + 1) % w
-            self._score(rows[e: e + 1], 1, out)
+            out[:] = scores(np.matmul(self._head_in(rows[e: e + 1]), self._head, out=plan.logits))
             rows[e] = self._template
             return
-        e = np.add(positions, 1, out=self._emit[:n])
+        e = np.add(positions, 1, out=plan.emit)
         np.remainder(e, w, out=e)
-        e += self._row_base[:n]
-        self._score(rows.take(e, axis=0, out=self._emit_rows[:n]), n, out)
+        e += plan.row_base
+        rows.take(e, axis=0, out=plan.emit_rows)
+        out[:] = scores(np.matmul(plan.head_in, self._head, out=plan.logits))
         rows[e] = self._template
-        self.state[slots] = block
+        self.state[slots] = plan.block
