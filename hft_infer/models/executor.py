@@ -6,6 +6,9 @@ memory are kept); the row at absolute position p of slot s lives at
 ring[s, p % R]. The last slot is the engine's padding sink.
 
     step(slots, positions, out)   numpy int64 [n], int64 [n], float [n] scores (any float dtype)
+                                  slots < n_slots, not checked per step: the numpy executors
+                                  gather with take(mode="clip"), as numpy's checked mode
+                                  buffers the output (an allocation of its size per call)
     reset()                       zero every slot's model state
     reset_slots(slots)            zero exactly these slots' state (a Reset on the feed)
 

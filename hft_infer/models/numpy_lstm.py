@@ -167,7 +167,7 @@ class _NumpyLstm(Executor):
         else:
             flat = np.remainder(positions, self.ring_len, out=plan.flat)
             flat += np.multiply(slots, self.ring_len, out=plan.base)
-            raw = self._ring_flat.take(flat, axis=0, out=plan.raw)
+            raw = self._ring_flat.take(flat, axis=0, out=plan.raw, mode="clip")
         return features(raw.astype(self.np_dtype, copy=False), self._mean, self._inv_std)
 
 
@@ -190,7 +190,7 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
     def step(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         n = self._check_batch(slots)
         plan = self._plans.get(n) or self._plan(n)
-        self.state.take(slots, axis=0, out=plan.block)
+        self.state.take(slots, axis=0, out=plan.block, mode="clip")
         plan.x[...] = self._new_features(slots, positions, n, plan)
         for wt, (inp, c, h) in zip(self._weights, plan.layers):
             np.matmul(inp, wt, out=plan.gates[0])
@@ -242,7 +242,7 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
             rows = self.state[int(slots[0])]
             layers = self._layer_views(rows)
         else:
-            self.state.take(slots, axis=0, out=plan.block)
+            self.state.take(slots, axis=0, out=plan.block, mode="clip")
             rows, layers = plan.rows, plan.layers
         plan.x[:, : self.width] = self._new_features(slots, positions, n, plan)
         np.matmul(plan.x, self._w_x, out=plan.xproj)
@@ -262,7 +262,7 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
         e = np.add(positions, 1, out=plan.emit)
         np.remainder(e, w, out=e)
         e += plan.row_base
-        rows.take(e, axis=0, out=plan.emit_rows)
+        rows.take(e, axis=0, out=plan.emit_rows, mode="clip")
         out[:] = scores(np.matmul(plan.head_in, self._head, out=plan.logits))
         rows[e] = self._template
         self.state[slots] = plan.block

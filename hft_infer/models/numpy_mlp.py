@@ -160,7 +160,7 @@ class MlpNumpyExecutor(Executor):
     def _windows(self, slots: np.ndarray, positions: np.ndarray, n: int, plan: _Plan) -> np.ndarray:
         """Transform the new rows of a batch and gather its windows -> [n, W*(F+1)]."""
         r, f = self.ring_len, self.width
-        u = self.upto.take(slots, out=plan.u)
+        u = self.upto.take(slots, out=plan.u, mode="clip")
         base = np.multiply(slots, r, out=plan.base)  # s * R
         last = plan.last
         if np.less(u, positions, out=plan.lt).any():
@@ -172,7 +172,7 @@ class MlpNumpyExecutor(Executor):
         else:  # one new row per trigger (or none: transformed again, same value)
             flat = np.remainder(positions, r, out=plan.flat)
             np.add(flat, base, out=flat)  # raw ring row s * R + p % R
-            raw = self._ring_flat.take(flat, axis=0, out=plan.raw)
+            raw = self._ring_flat.take(flat, axis=0, out=plan.raw, mode="clip")
             rows = features(raw.astype(self.np_dtype, copy=False), self._mean, self._inv_std)
             np.add(flat, base, out=last)  # feature ring row s * 2R + p % R ...
             self._feat_flat[last, :f] = rows
@@ -181,7 +181,7 @@ class MlpNumpyExecutor(Executor):
             np.add(positions, 1, out=u)
             self.upto[slots] = u
         np.add(last[:, None], self._win_offsets, out=plan.win_idx)
-        self._feat_flat.take(plan.win_idx_flat, axis=0, out=plan.x_rows)
+        self._feat_flat.take(plan.win_idx_flat, axis=0, out=plan.x_rows, mode="clip")
         return plan.x
 
     def _catch_up(self, slots: np.ndarray, positions: np.ndarray, n: int) -> None:
