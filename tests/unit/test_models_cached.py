@@ -111,13 +111,14 @@ def test_cached_mlp_equals_float64_reference(backend, gaps, levels, window, hidd
     np.testing.assert_allclose(got, want32, rtol=0, atol=1e-4)
 
 
-def test_numpy_mlp_reset_slots_restarts_exactly_those_slots():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_reset_slots_restarts_exactly_those_slots(backend):
     """After reset_slots the feature store restarts the slots at position 0: their windows
     see zero raw rows before the new row 0 (not the old rows still in the ring), and the
     other slots' windows are untouched."""
     model, _, rows = _models(4, 6, (9,), seed=1)
     ring = np.zeros((5, 8, model.spec.features), np.float32)
-    ex = build_executor(model, ring, max_batch=4)
+    ex = build_executor(model, ring, max_batch=4, backend=backend)
     ref = MlpWindowExecutor(model, ring, 4)  # float32: reads every window from the raw ring
     count = np.zeros(4, np.int64)
     rng = np.random.default_rng(2)
