@@ -287,7 +287,8 @@ def profile(args) -> None:
         pieces = {"whole step": ex}
         pieces["row transform: reference.features"] = _timer(lambda: reference.features(raw, mean, inv))
         if mode == "window":
-            x = np.ascontiguousarray(np.broadcast_to(ex.feat[0, : ex.window].reshape(1, -1), (n, ex._weights[0].shape[0])))
+            window = ex.feat[0, : ex.window].reshape(1, -1)
+            x = np.ascontiguousarray(np.broadcast_to(window, (n, window.shape[1])))
             h = x
             for k, (wt, buf) in enumerate(zip(ex._weights, ex._hidden)):
                 pieces[f"layer {k + 1} product [{n}, {h.shape[1]}] x [{wt.shape[0]}, {wt.shape[1]}]"] = _timer(
