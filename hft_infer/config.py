@@ -83,7 +83,7 @@ class IngestConfig(_Section):
 class EgressConfig(_Section):
     endpoint: str = "ipc://{runtime_dir}/{name}-decisions.sock"
     """Where decisions (and Status) are published."""
-    mode: Literal["batch", "per_instrument"] = "per_instrument"
+    mode: Literal["batch", "per_instrument"] = "batch"
     """batch: one DecisionBatch frame per loop iteration (columnar; cheapest per decision); per_instrument: one Decision frame per answer on the instrument's topic (for subscribers that filter)."""
     bind: bool = True
     """True: bind (clients connect to us); False: connect to a forwarder."""

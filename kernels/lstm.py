@@ -63,7 +63,6 @@ from hft_infer.kernels.common import (
     weight_dtype,
 )
 
-
 # --------------------------------------------------------------------------- kernel
 
 
@@ -471,5 +470,6 @@ def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Ten
             h, c, ws.scratch, ws.xp, ws.sync, thresholds, held, out,
             F=w.features, H=w.hidden, W=states, L=w.layers, F_PAD=w.f_pad, KH=w.kh, BLOCK_K=w.block_k,
             BH=w.block_h, NB=w.n_blocks, BLOCK_M=block_m, WINDOW=window, PH_BEGIN=begin, PH_END=end,
-            WRITE_RING=write_ring, ROWS_RING=rows_ring, HOST_IN=host_in, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
+            WRITE_RING=write_ring, ROWS_RING=rows_ring, HOST_IN=host_in, PREC=prec, BF16=bf16,
+            UPCAST=bf16 and interpreting(),
             HB=16, OUT_C=OUT_COLS, num_warps=num_warps)  # HB: head rows per pass

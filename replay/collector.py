@@ -37,7 +37,7 @@ import zmq
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.metrics import new_histogram, record_array, summarize
 from hft_infer.metrics.hlog import header_text, interval_line
-from hft_infer.transport.codec import EgressDecoder, decision_batch_columns
+from hft_infer.transport.codec import EgressDecoder, decision_batch_columns, message_tag
 from hft_infer.transport.schema import (
     DECISION_BATCH_COLUMNS,
     TAG_DECISION,
@@ -319,7 +319,7 @@ class Collector:
             frames.append(payload)
             times.append(t)
             n += 1
-            if len(payload) > 1 and payload[1] == TAG_STATUS and self._is_final(payload):
+            if message_tag(payload) == TAG_STATUS and self._is_final(payload):
                 self.final_status_seen = True
         return n
 

@@ -30,7 +30,7 @@ import zmq
 
 from hft_infer.clock import perf_ns
 from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, set_timer_slack, zmq_context
-from hft_infer.transport.codec import EgressDecoder
+from hft_infer.transport.codec import EgressDecoder, message_tag
 from hft_infer.transport.schema import TAG_STATUS, Status
 from hft_infer.transport.sockets import connect
 
@@ -75,8 +75,8 @@ class Receiver:
                 payload = recv(nb) if topic_frame else first
                 frames[n] = payload
                 times[n] = t
-                # a fixarray header then the tag: Status frames are rare and looked at by the commands
-                if len(payload) > 1 and payload[1] == TAG_STATUS:
+                # Status frames are rare and looked at by the commands
+                if message_tag(payload) == TAG_STATUS:
                     status_at.append(n)
                 n += 1
         except zmq.Again:

@@ -292,61 +292,66 @@ def bench_floor(args, results: list, dev) -> None:
 
 
 def bench_launched(st: Setup, args, results: list) -> None:
-    dev = st.dev
     for b in args.batches:
-        step = st.launched(b)
-        rows_h = torch.zeros(b, st.f).pin_memory()
-        slots_h = torch.arange(b, dtype=torch.int64).pin_memory()
-        pos_h = torch.zeros(b, dtype=torch.int64).pin_memory()
-        out_h = torch.zeros(b, 5).pin_memory()
-        rows_d, slots_d, pos_d = rows_h.to(dev), slots_h.to(dev), pos_h.to(dev)
-        out_d = torch.zeros(b, 5, device=dev)
-        s = torch.cuda.Stream()
+        _bench_launched_batch(st, b, args, results)
 
-        def copies():
-            rows_d.copy_(rows_h, non_blocking=True)
-            slots_d.copy_(slots_h, non_blocking=True)
-            pos_d.copy_(pos_h, non_blocking=True)
+
+def _bench_launched_batch(st: Setup, b: int, args, results: list) -> None:
+    """One batch size: both variants are captured and timed here, while their buffers are this batch's."""
+    dev = st.dev
+    step = st.launched(b)
+    rows_h = torch.zeros(b, st.f).pin_memory()
+    slots_h = torch.arange(b, dtype=torch.int64).pin_memory()
+    pos_h = torch.zeros(b, dtype=torch.int64).pin_memory()
+    out_h = torch.zeros(b, 5).pin_memory()
+    rows_d, slots_d, pos_d = rows_h.to(dev), slots_h.to(dev), pos_h.to(dev)
+    out_d = torch.zeros(b, 5, device=dev)
+    s = torch.cuda.Stream()
+
+    def copies():
+        rows_d.copy_(rows_h, non_blocking=True)
+        slots_d.copy_(slots_h, non_blocking=True)
+        pos_d.copy_(pos_h, non_blocking=True)
+        step(rows_d, slots_d, pos_d, out_d)
+        out_h.copy_(out_d, non_blocking=True)
+
+    variants = {"graph-copies": copies, "graph-1node": lambda: step(None, slots_h, pos_h, out_h, st.ring_h)}
+    for name, fn in variants.items():
+        with torch.cuda.stream(s):
+            fn()
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+        ev = torch.cuda.Event()
+        lat = []
+        for i in range(args.steps + 50):
+            pos_h.add_(1)
+            t0 = time.perf_counter_ns()
+            g.replay()
+            ev.record()
+            while not ev.query():
+                pass
+            if i >= 50:
+                lat.append(time.perf_counter_ns() - t0)
+        results.append({"model": st.name, "batch": b, "variant": name, "precision": st.precision,
+                        "host_us": pct(lat)})
+    gk = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gk, stream=s):
+        for _ in range(args.device_k):
             step(rows_d, slots_d, pos_d, out_d)
-            out_h.copy_(out_d, non_blocking=True)
-
-        variants = {"graph-copies": copies, "graph-1node": lambda: step(None, slots_h, pos_h, out_h, st.ring_h)}
-        for name, fn in variants.items():
-            with torch.cuda.stream(s):
-                fn()
-            s.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                fn()
-            ev = torch.cuda.Event()
-            lat = []
-            for i in range(args.steps + 50):
-                pos_h.add_(1)
-                t0 = time.perf_counter_ns()
-                g.replay()
-                ev.record()
-                while not ev.query():
-                    pass
-                if i >= 50:
-                    lat.append(time.perf_counter_ns() - t0)
-            results.append({"model": st.name, "batch": b, "variant": name, "precision": st.precision,
-                            "host_us": pct(lat)})
-        gk = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gk, stream=s):
-            for _ in range(args.device_k):
-                step(rows_d, slots_d, pos_d, out_d)
+    gk.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20 if args.quick else 100):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
         gk.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20 if args.quick else 100):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            gk.replay()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e3 / args.device_k)
-        results[-1]["device_us"] = statistics.median(times)
-        results[-2]["device_us"] = statistics.median(times)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / args.device_k)
+    results[-1]["device_us"] = statistics.median(times)
+    results[-2]["device_us"] = statistics.median(times)
 
 
 def table(results: list) -> str:

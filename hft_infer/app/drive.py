@@ -58,7 +58,7 @@ from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames
 from hft_infer.replay.pacer import save_feed
-from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, topic_for
+from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, message_tag, topic_for
 from hft_infer.transport.schema import TAG_STATUS
 from hft_infer.transport.sockets import bind
 from hft_infer.transport.stats import decode_snapshot
@@ -272,7 +272,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         for k in range(len(collectors)):
             f, t = load_frames(os.path.join(work, f"collector{k}.npz"))
             if k:  # the Status frames of one collector are enough
-                keep = [i for i, p in enumerate(f) if not (len(p) > 1 and p[1] == TAG_STATUS)]
+                keep = [i for i, p in enumerate(f) if message_tag(p) != TAG_STATUS]
                 f, t = [f[i] for i in keep], t[keep]
             frames += f
             recv_ns.append(t)

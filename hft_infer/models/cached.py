@@ -1,4 +1,4 @@
-"""MLP executor that computes each row's features once (the CPU engine's default for MLPs).
+"""Torch MLP executor that computes each row's features once (the previous CPU default; see numpy_mlp.py).
 
 The reference `MlpWindowExecutor` preprocesses and normalises all W rows of
 every window at every step: for a window of 32 rows that is 32 times the
@@ -26,8 +26,8 @@ import torch
 
 from hft_infer.kernels.reference import scores
 from hft_infer.models.base import WindowModel
-from hft_infer.models.executor import Executor
 from hft_infer.models.features import preprocess
+from hft_infer.models.torch_executors import TorchExecutor, as_tensors
 
 
 def scores_np(logits: np.ndarray, out: np.ndarray) -> None:
@@ -35,10 +35,10 @@ def scores_np(logits: np.ndarray, out: np.ndarray) -> None:
     out[:] = scores(logits)
 
 
-class MlpCachedExecutor(Executor):
+class MlpCachedExecutor(TorchExecutor):
     stateful = False  # the window is read from the rings: triggers may be conflated
 
-    def __init__(self, model: WindowModel, ring: torch.Tensor, max_batch: int) -> None:
+    def __init__(self, model: WindowModel, ring, max_batch: int) -> None:
         self.ring_rows = model.spec.window
         super().__init__(model, ring, max_batch)
         s, r, f = ring.shape
@@ -71,7 +71,8 @@ class MlpCachedExecutor(Executor):
         self.upto[slots] = 0  # the feature store restarts these slots at position 0
 
     @torch.inference_mode()
-    def step(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
+    def step(self, slots, positions, out) -> None:
+        slots, positions, out = as_tensors(slots, positions, out)
         n = self._check_batch(slots)
         s = slots.numpy()
         p = positions.numpy()

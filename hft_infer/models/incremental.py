@@ -1,4 +1,5 @@
-"""Exact sliding-window LSTM without recomputing the window (the CPU default).
+"""Exact sliding-window LSTM without recomputing the window, in torch (the previous CPU default;
+numpy_lstm.py has the numpy version the CPU engine runs).
 
 With a zero state at every window's start, the windows that will end at rows
 t, t+1, ..., t+W-1 are all *open* when row t arrives. Each slot keeps one
@@ -25,15 +26,15 @@ from __future__ import annotations
 
 import torch
 
-from hft_infer.models.executor import Executor, lstm_cell_
 from hft_infer.models.lstm import LstmModel
+from hft_infer.models.torch_executors import TorchExecutor, as_tensors, lstm_cell_
 
 
-class LstmIncrementalExecutor(Executor):
+class LstmIncrementalExecutor(TorchExecutor):
     stateful = True
     ring_rows = 1
 
-    def __init__(self, model: LstmModel, ring: torch.Tensor, max_batch: int) -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
         super().__init__(model, ring, max_batch)
         spec = model.spec
         w, hid, nl = spec.window, spec.hidden[0], spec.layers
@@ -57,7 +58,8 @@ class LstmIncrementalExecutor(Executor):
         self._state[:, :, torch.as_tensor(slots, dtype=torch.int64)] = 0
 
     @torch.inference_mode()
-    def step(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
+    def step(self, slots, positions, out) -> None:
+        slots, positions, out = as_tensors(slots, positions, out)
         n = self._check_batch(slots)
         nl, _, _, w, hid = self._state.shape
         x = self.model.features(self._latest_rows(slots, positions, n))

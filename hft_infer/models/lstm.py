@@ -3,8 +3,8 @@ on the top layer's h.
 
 `window` mode: each decision runs the LSTM from a zero state over the last W
 rows (fewer at an instrument's start: rows 0..t). `stream` mode: one step per
-event from per-instrument (h, c). The executors in `executor.py` and
-`incremental.py` read this module's parameters directly.
+event from per-instrument (h, c). The executors (`numpy_lstm.py`,
+`torch_executors.py`, `incremental.py`) read this module's parameters directly.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class LstmModel(WindowModel):
     def cell_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W_ih [4H, in], W_hh [4H, H], b_ih + b_hh [4H]) of one layer, gate rows reordered
         from nn.LSTM's (i, f, g, o) to (i, f, o, g): the three sigmoid gates are then one
-        contiguous block (see executor.lstm_cell_). A copy: the executors own it."""
+        contiguous block (see numpy_lstm and torch_executors.lstm_cell_). A copy: the executors own it."""
         lstm = self.lstm
         hid = self.spec.hidden[0]
         order = torch.cat([torch.arange(0, 2 * hid), torch.arange(3 * hid, 4 * hid), torch.arange(2 * hid, 3 * hid)])

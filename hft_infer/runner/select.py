@@ -74,7 +74,7 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
         if engine_name in ("graph", "persistent"):
             raise ConfigError(f"runner.engine = {engine_name!r} needs a CUDA device; this machine runs on cpu "
                               "(use engine = \"auto\" or \"eager\")")
-        reason = "cpu device: eager torch reference path"
+        reason = "cpu device: eager numpy path"
         if engine_name == "eager":
             reason = "configured eager"
         return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason, allowance)
@@ -124,8 +124,8 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
 
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
            reason: str, allowance: int, store: FeatureStore | None = None) -> Runtime:
+    from hft_infer.models.build import build_executor
     from hft_infer.models.decision import DecisionPolicy
-    from hft_infer.models.executor import build_executor
     from hft_infer.runner.eager import EagerEngine
 
     store = store or FeatureStore(n_slots, model.spec.levels, depth)
@@ -133,6 +133,7 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
     executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
                               window_method=cfg.model.window_method)
     policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
+    reason = f"{reason}; {type(executor).__name__}"  # which executor runs the step (models/build.py)
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
                          threads=cfg.runner.torch_threads)
     return Runtime(model, version, store, engine, sequential, conflate, allowance)

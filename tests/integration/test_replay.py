@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import zmq
 from service_harness import TEST_MODEL, ServiceUnderTest
@@ -15,7 +16,8 @@ from service_harness import TEST_MODEL, ServiceUnderTest
 from hft_infer.replay.capture import read_capture
 from hft_infer.replay.events import encode_frames
 from hft_infer.replay.synthetic import SyntheticConfig, generate
-from hft_infer.transport.schema import Decision
+from hft_infer.transport.codec import SERVICE_TOPIC
+from hft_infer.transport.schema import ALL_INSTRUMENTS, Decision, Reset
 
 ROOT = Path(__file__).resolve().parents[2]
 LOBSTER = ROOT / "tests" / "fixtures" / "lobster"
@@ -48,7 +50,7 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
         # 2. a service, and a second recorder on the feed endpoint the replay will bind
         svc.start(feed=False)
         rec2 = subprocess.Popen([sys.executable, "-m", "hft_infer", "record", "--endpoint",
-                                 f"ipc://{runtime}/t-md.sock", "--out", str(second), "--count", "300"], env=env)
+                                 f"ipc://{runtime}/t-md.sock", "--out", str(second), "--count", "301"], env=env)
         model_args = sum((["--set", o] for o in TEST_MODEL), [])
         r = cli("replay", str(first), "--speed", "1", "--set", "service.name=t", *model_args,
                 "--run-dir", str(tmp_path / "run"), "--quiet", "--json", str(tmp_path / "out.json"), env=env)
@@ -59,7 +61,11 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
         ctx.destroy(linger=0)
     original = [tuple(f) for f in frames]
     assert read_capture(first).messages() == original
-    assert read_capture(second).messages() == original  # byte for byte, after record -> replay
+    # byte for byte, after record -> replay, behind the Reset the replay sends first
+    replayed = read_capture(second).messages()
+    assert replayed[1:] == original
+    reset = msgspec.msgpack.decode(replayed[0][1], type=Reset)
+    assert replayed[0][0] == SERVICE_TOPIC and reset.instrument == ALL_INSTRUMENTS
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["accounting"]["sent"] == 300 and out["accounting"]["lost"] == 0
 
@@ -92,7 +98,7 @@ def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
     total = 0
     while (h := reader.get_next_interval_histogram()) is not None:
         total += h.get_total_count()
-    assert total == summary["tick_to_decision"]["count"] > 0
+    assert total == runs[0]["tick_to_decision"]["count"] > 0
     assert "Percentile" in (tmp_path / "run0" / "tick_to_decision.hgrm").read_text()
 
 

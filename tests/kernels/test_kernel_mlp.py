@@ -88,7 +88,8 @@ def test_mlp_step_matches_references(case: Case):
         positions = torch.tensor(pos_l, dtype=torch.int64)
         out = torch.full((n, OUT_COLS), float("nan"), device=dev)  # poison
         ws.part.fill_(float("nan"))  # stale partial sums must never be read
-        prev_k, prev_32, prev_64 = held_k[slots.long()].cpu(), held_32[slots.long()].clone(), held_64[slots.long()].clone()
+        idx = slots.long()
+        prev_k, prev_32, prev_64 = held_k[idx].cpu(), held_32[idx].clone(), held_64[idx].clone()
         if case.new_rows:
             mlp_step(w, ws, ring_k, slots.to(dev), positions.to(dev), thresholds, held_k, out, rows=rows.to(dev))
         else:

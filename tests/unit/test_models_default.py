@@ -11,10 +11,10 @@ import torch
 
 from hft_infer.config import DecisionConfig, ModelConfig
 from hft_infer.models import dataset as ds
+from hft_infer.models.build import build_executor
 from hft_infer.models.checkpoint import builtin_path, load_model, read_header
 from hft_infer.models.decision import DecisionPolicy
 from hft_infer.models.evaluation import PREDICTORS, evaluate, roc_auc, window_logits
-from hft_infer.models.executor import build_executor
 from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, empty_events
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
@@ -41,13 +41,13 @@ def test_default_config_serves_the_shipped_model():
     ex = build_executor(model, ring, max_batch=1, mode=cfg.mode, window_method=cfg.window_method)
     policy = DecisionPolicy(DecisionConfig().threshold, DecisionConfig().hysteresis, n_slots=5)
     pos = [0] * 5
-    scores = torch.empty(ev.size)
-    actions = torch.empty(ev.size, dtype=torch.int8)
+    scores = np.empty(ev.size, np.float32)
+    actions = np.empty(ev.size, dtype=np.int8)
     for i, s in enumerate(ev["instrument"].tolist()):
         ring[s, pos[s] % ring.shape[1]] = rows[i]
-        slot = torch.tensor([s])
-        ex.step(slot, torch.tensor([pos[s]]), scores[i: i + 1])
-        policy.apply(slot, scores[i: i + 1], actions[i: i + 1])
+        slot = np.array([s], np.int64)
+        ex.step(slot, np.array([pos[s]], np.int64), scores[i: i + 1])
+        policy.apply_numpy(slot, scores[i: i + 1], actions[i: i + 1])
         pos[s] += 1
     assert set(actions.tolist()) == {-1, 0, 1}
     # The executor's scores are the model's: same as the offline window evaluation.
@@ -55,7 +55,7 @@ def test_default_config_serves_the_shipped_model():
     with torch.inference_mode():
         logits = window_logits(model, rows.numpy(), index)
     p = torch.softmax(logits, -1)
-    torch.testing.assert_close(scores, (p[:, 2] - p[:, 0]).float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(scores), (p[:, 2] - p[:, 0]).float(), atol=1e-5, rtol=0)
 
 
 def test_heldout_metrics_are_reproduced_and_beat_naive_predictors():

@@ -1,6 +1,7 @@
-"""Executors through their public interface over a real ring: the incremental window method
-equals recomputing the window, stream mode equals nn.LSTM over the full history, and MLP
-windows (including an instrument's first W-1 rows) equal the model's own reference."""
+"""Executors through their public interface over a real ring, for both backends (numpy, what
+the eager engine runs, and torch, the previous path): the incremental window method equals
+recomputing the window, stream mode equals nn.LSTM over the full history, and MLP windows
+(including an instrument's first W-1 rows) equal the model's own reference."""
 
 from __future__ import annotations
 
@@ -8,26 +9,28 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from hft_infer.models import PRESETS, build_model
 from hft_infer.models import dataset as ds
-from hft_infer.models.executor import (
-    LstmRecomputeExecutor,
-    LstmStreamExecutor,
-    build_executor,
-)
+from hft_infer.models.build import BACKENDS, build_executor
+from hft_infer.models.cached import MlpCachedExecutor
 from hft_infer.models.features import preprocess
 from hft_infer.models.incremental import LstmIncrementalExecutor
+from hft_infer.models.numpy_lstm import LstmIncrementalNumpyExecutor, LstmStreamNumpyExecutor
+from hft_infer.models.numpy_mlp import MlpNumpyExecutor
+from hft_infer.models.torch_executors import LstmRecomputeExecutor, LstmStreamExecutor
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """One intra-op thread, as the service runs (runner.torch_threads = 1): on a busy 2-core
-    machine two OpenMP threads wait on each other at every small op (~15x slower here)."""
+    """One torch and one BLAS thread, as the service runs (runner.torch_threads = 1): on a busy
+    2-core machine two threads wait on each other at every small op (~15x slower here)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
     torch.set_num_threads(before)
 
 
@@ -58,7 +61,8 @@ def _stream(n_events: int, instruments: int, seed: int, levels: int = 10) -> tup
 def _drive(executors: dict, inst: np.ndarray, rows: torch.Tensor, ring: torch.Tensor, max_batch: int,
            seed: int, out_dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], np.ndarray]:
     """Feed events as the service would: write each row into its slot's ring, batch triggers
-    (random batch sizes, distinct slots, in order), pad some batches with the sink slot.
+    (random batch sizes, distinct slots, in order), pad some batches with the sink slot at a
+    random position (its scores are ignored; it must not disturb the other slots).
     Returns ({name: score per event}, position per event)."""
     rng = np.random.default_rng(seed)
     n_slots, r, _ = ring.shape
@@ -81,15 +85,16 @@ def _drive(executors: dict, inst: np.ndarray, rows: torch.Tensor, ring: torch.Te
         slots = inst[batch].tolist()
         pos = positions[batch].tolist()
         pad = int(rng.integers(0, max_batch - len(batch) + 1)) if rng.random() < 0.3 else 0
-        slots_t = torch.tensor(slots + [sink] * pad, dtype=torch.int64)
-        pos_t = torch.tensor(pos + [int(rng.integers(0, 10_000))] * pad, dtype=torch.int64)
+        slots_a = np.array(slots + [sink] * pad, dtype=np.int64)
+        pos_a = np.array(pos + [int(rng.integers(0, 10_000))] * pad, dtype=np.int64)
         for name, ex in executors.items():
-            out = torch.empty(slots_t.shape[0], dtype=out_dtype)
-            ex.step(slots_t, pos_t, out)
-            scores[name][batch] = out[: len(batch)]
+            out = np.empty(slots_a.shape[0], dtype=np.dtype(str(out_dtype).removeprefix("torch.")))
+            ex.step(slots_a, pos_a, out)
+            scores[name][batch] = torch.from_numpy(out[: len(batch)])
     return scores, positions
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("dtype", "tol", "window", "hidden", "n_events", "ring_extra"),
     [
@@ -100,17 +105,19 @@ def _drive(executors: dict, inst: np.ndarray, rows: torch.Tensor, ring: torch.Te
         ("float32", 1e-5, 50, (128, 128), 1000, 14),
     ],
 )
-def test_incremental_equals_recompute(dtype, tol, window, hidden, n_events, ring_extra):
+def test_incremental_equals_recompute(backend, dtype, tol, window, hidden, n_events, ring_extra):
     spec = msgspec.structs.replace(PRESETS["lstm_a"], window=window, hidden=hidden, dtype=dtype)
     model = _sharp(build_model(spec, seed=11))
     instruments = 4
     inst, rows = _stream(n_events, instruments, seed=window)
     ring = torch.zeros(instruments + 1, window + ring_extra, spec.features)
     exs = {
-        "incremental": build_executor(model, ring, max_batch=8, mode="window", window_method="incremental"),
+        "incremental": build_executor(model, ring, max_batch=8, mode="window", window_method="incremental",
+                                      backend=backend),
         "recompute": build_executor(model, ring, max_batch=8, mode="window", window_method="recompute"),
     }
-    assert isinstance(exs["incremental"], LstmIncrementalExecutor) and exs["incremental"].stateful
+    want = LstmIncrementalNumpyExecutor if backend == "numpy" else LstmIncrementalExecutor
+    assert isinstance(exs["incremental"], want) and exs["incremental"].stateful
     assert isinstance(exs["recompute"], LstmRecomputeExecutor) and not exs["recompute"].stateful
     scores, positions = _drive(exs, inst, rows, ring, 8, seed=1, out_dtype=spec.torch_dtype)
     inc, rec = scores["incremental"], scores["recompute"]
@@ -139,14 +146,15 @@ def test_recompute_matches_forward_window_per_instrument():
                 assert abs(got[t].item() - want.item()) <= 1e-12
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-10), ("float32", 1e-5)])
-def test_stream_equals_lstm_over_full_history(dtype, tol):
+def test_stream_equals_lstm_over_full_history(backend, dtype, tol):
     spec = msgspec.structs.replace(PRESETS["lstm_b"], hidden=(32, 32, 32), dtype=dtype)
     model = _sharp(build_model(spec, seed=4))
     inst, rows = _stream(1500, 5, seed=8)
     ring = torch.zeros(6, 4, spec.features)  # stream reads one row: a short ring is enough
-    ex = build_executor(model, ring, max_batch=5, mode="stream", window_method="incremental")
-    assert isinstance(ex, LstmStreamExecutor) and ex.stateful
+    ex = build_executor(model, ring, max_batch=5, mode="stream", window_method="incremental", backend=backend)
+    assert isinstance(ex, LstmStreamNumpyExecutor if backend == "numpy" else LstmStreamExecutor) and ex.stateful
     scores, _ = _drive({"stream": ex}, inst, rows, ring, 5, seed=3, out_dtype=spec.torch_dtype)
     with torch.inference_mode():
         for s in range(5):
@@ -155,13 +163,14 @@ def test_stream_equals_lstm_over_full_history(dtype, tol):
             assert (got - want[0]).abs().max().item() <= tol
 
 
-def test_reset_restarts_every_slot():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reset_restarts_every_slot(backend):
     spec = msgspec.structs.replace(PRESETS["lstm_a"], window=5, hidden=(8, 8), dtype="float64")
     model = build_model(spec, seed=5)
     inst, rows = _stream(400, 3, seed=4)
     for mode in ("window", "stream"):
         ring = torch.zeros(4, 8, spec.features)
-        ex = build_executor(model, ring, max_batch=3, mode=mode, window_method="incremental")
+        ex = build_executor(model, ring, max_batch=3, mode=mode, window_method="incremental", backend=backend)
         first, _ = _drive({"x": ex}, inst, rows, ring, 3, seed=5, out_dtype=torch.float64)
         ex.reset()
         ring.zero_()
@@ -169,15 +178,15 @@ def test_reset_restarts_every_slot():
         torch.testing.assert_close(first["x"], again["x"], rtol=0, atol=0)
 
 
-def test_mlp_window_pads_with_zero_raw_rows_oldest_first():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_window_pads_with_zero_raw_rows_oldest_first(backend):
     spec = msgspec.structs.replace(PRESETS["mlp_small"], window=6, hidden=(16, 8), dtype="float64")
     model = _sharp(build_model(spec, seed=6))
     inst, rows = _stream(500, 4, seed=6)
     ring = torch.zeros(5, 6, spec.features)  # R == W: the window exactly fills the ring
-    ex = build_executor(model, ring, max_batch=4, mode="window", window_method="incremental")
-    from hft_infer.models.cached import MlpCachedExecutor
-
-    assert isinstance(ex, MlpCachedExecutor) and not ex.stateful  # window_method does not apply
+    ex = build_executor(model, ring, max_batch=4, mode="window", window_method="incremental", backend=backend)
+    want = MlpNumpyExecutor if backend == "numpy" else MlpCachedExecutor
+    assert isinstance(ex, want) and not ex.stateful  # window_method does not apply
     scores, _ = _drive({"mlp": ex}, inst, rows, ring, 4, seed=7, out_dtype=torch.float64)
     zero = torch.zeros(5, spec.features)
     with torch.inference_mode():
@@ -191,14 +200,16 @@ def test_mlp_window_pads_with_zero_raw_rows_oldest_first():
             assert windows[0, :5].abs().sum() == 0
 
 
-def test_float32_out_from_float64_model_and_padding_sink_repeats():
-    spec = msgspec.structs.replace(PRESETS["lstm_a"], window=4, hidden=(8, 8), dtype="float64")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("preset", "mode"), [("lstm_a", "window"), ("lstm_a", "stream"), ("mlp_small", "window")])
+def test_float32_out_from_float64_model_and_padding_sink_repeats(backend, preset, mode):
+    spec = msgspec.structs.replace(PRESETS[preset], window=4, hidden=(8, 8), dtype="float64")
     model = build_model(spec, seed=7)
     ring = torch.rand(3, 4, spec.features) * 100
-    ex = build_executor(model, ring, max_batch=4, mode="window", window_method="incremental")
-    out = torch.empty(4, dtype=torch.float32)
-    ex.step(torch.tensor([0, 2, 2, 2]), torch.tensor([0, 5, 5, 5]), out)
-    assert torch.isfinite(out).all() and (out.abs() <= 1).all()
+    ex = build_executor(model, ring, max_batch=4, mode=mode, window_method="incremental", backend=backend)
+    out = np.empty(4, dtype=np.float32)
+    ex.step(np.array([0, 2, 2, 2]), np.array([0, 5, 5, 5]), out)
+    assert np.isfinite(out).all() and (np.abs(out) <= 1).all()
 
 
 def test_builder_and_step_errors():
@@ -212,6 +223,8 @@ def test_builder_and_step_errors():
         build_executor(lstm, ring, max_batch=2, mode="batch", window_method="incremental")
     with pytest.raises(ValueError, match="window_method must be one of"):
         build_executor(lstm, ring, max_batch=2, mode="window", window_method="fast")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        build_executor(lstm, ring, max_batch=2, mode="window", window_method="incremental", backend="jax")
     with pytest.raises(ValueError, match="ring must be float32"):
         build_executor(mlp, ring.double(), max_batch=2, mode="window", window_method="recompute")
     with pytest.raises(ValueError, match="ring rows are 10 wide"):
@@ -220,6 +233,9 @@ def test_builder_and_step_errors():
         build_executor(lstm, ring, max_batch=2, mode="window", window_method="recompute")
     # The incremental method reads only the newest row: a short ring is fine.
     build_executor(lstm, ring, max_batch=2, mode="window", window_method="incremental")
-    ex = build_executor(mlp, ring, max_batch=2, mode="window", window_method="recompute")
-    with pytest.raises(ValueError, match="batch of 3 exceeds max_batch 2"):
-        ex.step(torch.tensor([0, 1, 2]), torch.tensor([0, 0, 0]), torch.empty(3))
+    with pytest.raises(ValueError, match="ring must be C-contiguous float32"):
+        build_executor(mlp, ring.numpy()[:, ::2], max_batch=2, mode="window", window_method="recompute")
+    for backend in BACKENDS:
+        ex = build_executor(mlp, ring, max_batch=2, mode="window", window_method="recompute", backend=backend)
+        with pytest.raises(ValueError, match="batch of 3 exceeds max_batch 2"):
+            ex.step(np.array([0, 1, 2]), np.array([0, 0, 0]), np.empty(3, np.float32))

@@ -175,3 +175,15 @@ def test_topic_frames():
     assert instrument_of_topic(topic_for(0xABCDEF01)) == 0xABCDEF01
     with pytest.raises(ValueError):
         instrument_of_topic(b"\x00\x07")
+
+
+def test_message_tag_reads_fixarray_and_array16_headers():
+    from hft_infer.transport.codec import message_tag
+    from hft_infer.transport.schema import Heartbeat, Status
+
+    status = encode(Status(0, 1, 2, 3, 4, 5, 6, 7, 8, [0] * len(Reason), final=True))
+    assert status[0] == 0xDC and message_tag(status) == 17  # 19 fields: an array16 header
+    assert message_tag(encode(Heartbeat(1, "x"))) == 3  # fixarray
+    assert message_tag(encode(Quote(1, 1, 0, 0, 1, pack_book(_levels(1))))) == 1
+    for junk in (b"", b"\x93", b"\xdc\x00", b"\xc1\x01", b"\x91\xcc"):
+        assert message_tag(junk) == -1
