@@ -194,11 +194,12 @@ class FeedPublisher:
         n = len(inst)
         px = np.asarray(prices, dtype=np.float64).tolist()
         sz = np.asarray(sizes, dtype=np.float64).tolist()
-        sd = np.asarray(sides).tolist()
-        if not len(px) == len(sz) == len(sd) == n:
-            raise ValueError(f"{n} instruments, {len(px)} prices, {len(sz)} sizes and {len(sd)} sides")
-        if any(s not in (1, -1) for s in sd):
+        side_arr = np.asarray(sides).ravel()
+        if not len(px) == len(sz) == side_arr.size == n:
+            raise ValueError(f"{n} instruments, {len(px)} prices, {len(sz)} sizes and {side_arr.size} sides")
+        if not np.isin(side_arr, (1, -1)).all():
             raise ValueError("sides must be +1 (buyer) or -1 (seller)")
+        sd = side_arr.astype(np.int64).tolist()  # ints on the wire: a float 1.0 would not decode as a side
         ts_ex = _column(ts_exchange_ns, n, 0, "ts_exchange_ns")
         pris = [_priority(p) for p in _column(priorities, n, None, "priorities")]
         seqs, now, send = self._seq, time.time_ns, self._send

@@ -52,13 +52,17 @@ class ServiceStatus:
     restarted: bool
     """A new run of the service since the previous Status this subscriber saw: a counter went
     back, the previous Status was final, or the engine or model version changed. Decisions of
-    the old run that were still in flight may be lost; per-instrument state starts afresh."""
+    the old run that were still in flight may be lost; per-instrument state starts afresh.
+    The Status carries no run id, so a run that was killed (no final Status) and whose
+    successor had already counted more events than it by the time its first Status reached
+    this subscriber goes unnoticed."""
     why: str
     """Why `restarted` is set ("" when it is not)."""
     egress_dropped_since_last: int | None
     """Frames (decisions or Status) the service could not send since the previous Status of
     the same run (a subscriber's pipe was full: with XPUB_NODROP every subscriber misses
-    them); None for the first Status seen, since the count may predate this subscriber."""
+    them); after a restart, the new run's count so far; None for the first Status seen,
+    since the count may predate this subscriber."""
 
     @property
     def stopped(self) -> bool:

@@ -60,6 +60,7 @@ class FakeEgress:
         self.sock = ctx.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscriptions, repeated ones too
+        self.sock.setsockopt(zmq.SNDHWM, 0)  # a PUB drops silently at its HWM (1000): no test may lose a frame
         self.endpoint = f"ipc://{sock_dir}/decisions.sock"
         self.sock.bind(self.endpoint)
 
@@ -213,7 +214,7 @@ def test_publisher_frames_sequences_and_resets(zctx, sock_dir):
         assert pub.publish_quote(np.int64(7), book.tobytes())
         assert pub.publish_trade(7, 101.5, 3, -1)
         assert pub.publish_quotes([4, 7], np.stack([book, book])) == 2
-        assert pub.publish_trades([4], [9.5], [1.0], [1], priorities=3) == 1
+        assert pub.publish_trades([4], [9.5], [1.0], np.array([1.0]), priorities=3) == 1  # float sides too
         assert pub.next_seq(7) == 4 and pub.next_seq(4) == 2
         assert pub.reset(7) and pub.next_seq(7) == 0 and pub.next_seq(4) == 2
         assert pub.publish_quote(7, book)
@@ -233,7 +234,7 @@ def test_publisher_frames_sequences_and_resets(zctx, sock_dir):
     assert all(t0 <= m.ts_send_ns <= t1 for m in events)  # stamped by the publisher when sent
     q = msgs[0][1]
     assert (q.n_levels, q.priority, q.ts_exchange_ns, bytes(q.book)) == (2, 0, 5, book.tobytes())
-    assert msgs[1][1].priority == -1 and msgs[5][1].priority == 3
+    assert msgs[1][1].priority == -1 and (msgs[5][1].priority, msgs[5][1].side) == (3, 1)
     assert (msgs[2][1].price, msgs[2][1].size, msgs[2][1].side) == (101.5, 3.0, -1)
     assert isinstance(msgs[8][1], Heartbeat) and msgs[8][1].source == "hft_infer.client"
     assert isinstance(msgs[9][1], Reset) and msgs[9][1].instrument == 0xFFFFFFFF
