@@ -49,13 +49,17 @@ class FeedPublisher:
     the 4-byte big-endian instrument topic; Heartbeat and "Reset all" go on `ff ff ff ff`.
 
     Sequence numbers: each instrument's events are numbered 0, 1, 2, ... by the publisher;
-    `reset()` restarts them at 0 for the instruments it resets. `ts_send_ns` is
-    `time.time_ns()` taken just before each frame is sent.
+    `reset()` restarts them at 0 for the instruments it resets. A new publisher starts every
+    instrument at 0, which a running service takes as a publisher restart (counted as
+    `seq_resets`), not as out of order. `ts_send_ns` is `time.time_ns()` taken just before
+    each frame is encoded and sent.
 
-    Sends never block. A frame that cannot be queued (a subscriber's pipe holds `snd_hwm`
-    messages; for PUSH also: no peer) is not sent, is counted in `dropped`, and consumes no
-    sequence number, so the service sees no gap for it. Before the first subscription has
-    arrived a PUB-side frame goes nowhere (ZeroMQ semantics): call `wait_for_subscribers`.
+    Sends never block. A frame that cannot be queued (some subscriber's pipe holds `snd_hwm`
+    messages: with XPUB_NODROP the send then fails for every subscriber; for PUSH: the pipe
+    is full, or a bound PUSH has no peer) is not sent, is counted in `dropped`, and consumes
+    no sequence number, so the service sees no gap for it. A PUB frame sent before any
+    subscription has arrived reaches nobody and is not counted as dropped (ZeroMQ
+    semantics): call `wait_for_subscribers` first.
 
     Security: ipc:// and loopback tcp are plain; any other endpoint is refused unless
     `allow_remote=True` or CURVE keys are given (key files from `hft-infer keys generate`).
@@ -144,8 +148,9 @@ class FeedPublisher:
 
     def publish_trade(self, instrument: int, price: float, size: float, side: int, *, ts_exchange_ns: int = 0,
                       priority: int | None = None) -> bool:
-        """One Trade: price and size (float64 on the wire, must be finite, >= 0 and below 2**127),
-        side the aggressor (+1 buyer, -1 seller). As `publish_quote` otherwise."""
+        """One Trade: price and size (float64 on the wire; the service rejects values that are not
+        finite, negative or not below 2**127), side the aggressor (+1 buyer, -1 seller). As
+        `publish_quote` otherwise."""
         instrument = _check_instrument(instrument)
         if side not in (1, -1):
             raise ValueError(f"side must be +1 (buyer) or -1 (seller), not {side!r}")
