@@ -2,12 +2,20 @@
 
 A custom collector on a private registry (no module-level registry: the
 control process owns its state), so a scrape always reflects the last
-snapshot and nothing is copied between snapshots. Names start with
-`hft_infer_` and carry their unit: `_total` counts events, `_seconds`,
-`_bytes`. Service counters keep the service's own values (they restart
-from 0 when the service restarts, which Prometheus's rate() handles as a
-counter reset); latency histograms are the control process's cumulative
-HDR histograms since the run's log began.
+snapshot and nothing is copied between snapshots. Names follow Prometheus's
+conventions, as `promtool check metrics` enforces them (a test runs it on a
+live scrape): every name starts with `hft_infer_`, counters end in `_total`,
+values are in base units named last (`_seconds`, `_bytes`), and no name
+carries its type. Service counters keep the service's own values (they
+restart from 0 when the service restarts, which Prometheus's rate() handles
+as a counter reset); latency is the control process's cumulative HDR
+histograms since the run's log began.
+
+Stage latency is ONE histogram family, `hft_infer_stage_latency_seconds{stage}`,
+and no summary: quantiles of a summary cannot be aggregated across stages,
+shards or time ranges, while `histogram_quantile(q, sum by (le, stage)
+(rate(..._bucket[1m])))` can. Exact percentiles (HDR, 0.1 %) stay on the
+dashboard, in `.hlog`/`.hgrm` files and in `service.json`.
 """
 
 from __future__ import annotations
@@ -20,34 +28,44 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     InfoMetricFamily,
-    Metric,
 )
 from prometheus_client.process_collector import ProcessCollector
 
 from hft_infer.control.aggregator import Aggregator
-from hft_infer.metrics.histograms import (
-    approx_sum_ns,
-    count_at_or_below,
-    percentile_values,
-)
+from hft_infer.metrics.histograms import approx_sum_ns, count_at_or_below
+from hft_infer.transport.schema import Reason
 
-SUMMARY_QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999)
-# Histogram bucket bounds: 1-2-5 from 1 µs to 1 s (`le` in seconds).
-BUCKET_BOUNDS_NS = tuple(int(m * 10 ** e) for e in range(3, 9) for m in (1, 2, 5)) + (1_000_000_000,)
+# Histogram bucket bounds (`le`, exported in seconds), six per decade (1, 1.5, 2, 3, 5, 7) from
+# 1 µs to 10 s. Log-spaced because the stages span six decades: decode and publish take a few
+# µs, a CPU model step tens to hundreds of µs, a stalled loop or a GC pause milliseconds to
+# seconds; equal relative width keeps histogram_quantile's linear interpolation within a
+# bucket (at most 1.67x wide) equally good at each. With 1-2-5 (2.5x wide) a 30 µs p99 could
+# only be placed between 20 and 50 µs; ten per decade would cost ~70 series per stage.
+# 10 s: the loop watchdog's order of magnitude; slower samples still count in +Inf.
+BUCKET_BOUNDS_NS = tuple(int(m * 10 ** e) for e in range(3, 10) for m in (1, 1.5, 2, 3, 5, 7)) + (10 ** 10,)
 
-_COUNTER_HELP = {
+# Reasons whose events were shed (answered status 1) rather than rejected as bad input
+# (schema.Reason); the by-reason family labels each with its outcome.
+SHED_REASONS = frozenset({Reason.STALE.name, Reason.QUEUE_FULL.name, Reason.ENGINE_FAILURE.name})
+
+COUNTER_HELP = {
     "received": "Events read from the feed (valid or not; heartbeats excluded)",
     "decided": "Events that produced a decision",
-    "shed": "Events shed before their step (stale or queue full)",
+    "shed": "Events shed instead of decided (stale, queue full, engine failure)",
     "conflated": "Events whose trigger a newer event of the same instrument replaced",
     "rejected": "Events rejected as invalid",
     "egress_dropped": "Decisions or status messages not sent because a subscriber pipe was full",
     "control_dropped": "Snapshots the service could not send to this control process",
-    "seq_gaps": "Events missing according to per-instrument sequence numbers",
+    "seq_gaps": "Gaps (jumps forward) in per-instrument sequence numbers",
+    "seq_missing": "Events missing in sequence-number gaps",
+    "seq_resets": "Per-instrument sequences that restarted at 0 (publisher restarts)",
     "heartbeats": "Heartbeats read from the feed",
+    "resets": "Reset messages applied",
     "batches": "Model steps",
+    "ingest_disconnects": "Feed connections lost (and re-established) by the ingest socket",
+    "overlapped": "Frames ingested while a model step was in flight",
 }
-_GAUGE_HELP = {
+GAUGE_HELP = {
     "queue_depth": "Requests waiting in the scheduler",
     "batch_wait_us": "Current batching wait of the window/adaptive policies",
     "last_batch_size": "Requests in the last model step",
@@ -65,17 +83,17 @@ class ServiceCollector:
     def collect(self):
         agg = self.agg
         for name, value in agg.counters.items():
-            yield CounterMetricFamily(f"hft_infer_{name}", _COUNTER_HELP.get(name, f"Service counter {name}"),
+            yield CounterMetricFamily(f"hft_infer_{name}", COUNTER_HELP.get(name, f"Service counter {name}"),
                                       value=value)
-        reasons = CounterMetricFamily("hft_infer_rejected_by_reason",
-                                      "Rejected and shed events by reason (STALE, QUEUE_FULL are shed)",
-                                      labels=["reason"])
+        reasons = CounterMetricFamily("hft_infer_shed_or_rejected",
+                                      "Shed and rejected events by reason (outcome: shed or rejected)",
+                                      labels=["outcome", "reason"])
         for reason, value in sorted(agg.by_reason.items()):
-            reasons.add_metric([reason], value)
+            reasons.add_metric(["shed" if reason in SHED_REASONS else "rejected", reason], value)
         yield reasons
         for name, value in agg.gauges.items():
-            metric, scale = _gauge_name(name)
-            yield GaugeMetricFamily(metric, _GAUGE_HELP.get(name, f"Service gauge {name}"), value=value * scale)
+            metric, scale = gauge_name(name)
+            yield GaugeMetricFamily(metric, GAUGE_HELP.get(name, f"Service gauge {name}"), value=value * scale)
 
         info = agg.info
         yield InfoMetricFamily("hft_infer_service", "The service sending snapshots",
@@ -94,31 +112,19 @@ class ServiceCollector:
         yield CounterMetricFamily("hft_infer_service_restarts", "Service restarts seen (new pid or counters reset)",
                                   value=agg.service_restarts)
 
-        summary = Metric("hft_infer_stage_latency_seconds",
-                         "Latency per stage since the run began (quantiles from HDR histograms; "
-                         "sum from bucket midpoints)", "summary")
-        hist = HistogramMetricFamily("hft_infer_stage_latency_histogram_seconds",
-                                     "Latency per stage since the run began (HDR histogram folded into buckets)",
-                                     labels=["stage"])
+        hist = HistogramMetricFamily("hft_infer_stage_latency_seconds",
+                                     "Latency per stage since the run began (HDR histogram folded into buckets; "
+                                     "sum from bucket midpoints, within 0.1 %)", labels=["stage"])
         for stage, st in agg.stages.items():
             h = st.cumulative
             n = int(h.total_count)
-            total_s = approx_sum_ns(h) / 1e9
-            if n:
-                qs = percentile_values(h, [q * 100 for q in SUMMARY_QUANTILES])
-                for q, v in zip(SUMMARY_QUANTILES, qs):
-                    summary.add_sample("hft_infer_stage_latency_seconds", {"stage": stage, "quantile": repr(q)},
-                                       float(v) / 1e9)
-            summary.add_sample("hft_infer_stage_latency_seconds_count", {"stage": stage}, n)
-            summary.add_sample("hft_infer_stage_latency_seconds_sum", {"stage": stage}, total_s)
             le = count_at_or_below(h, BUCKET_BOUNDS_NS)
             buckets = [(_fmt_le(b), int(c)) for b, c in zip(BUCKET_BOUNDS_NS, le)] + [("+Inf", n)]
-            hist.add_metric([stage], buckets, total_s)
-        yield summary
+            hist.add_metric([stage], buckets, approx_sum_ns(h) / 1e9)
         yield hist
 
 
-def _gauge_name(name: str) -> tuple[str, float]:
+def gauge_name(name: str) -> tuple[str, float]:
     """Prometheus name and scale of a service gauge: base units (seconds), unit last."""
     if name.endswith("_us"):
         return f"hft_infer_{name[:-3]}_seconds", 1e-6
