@@ -187,7 +187,7 @@ class SchedulerConfig(_Section):
 
 class RunnerConfig(_Section):
     engine: Literal["auto", "eager", "graph", "persistent"] = "auto"
-    """auto: persistent where it works, else graph, else eager (the CPU path)."""
+    """auto: graph where CUDA works, else eager (the CPU path). persistent only when named: it failed its self-check on the H200 host (BENCHMARKS.md)."""
     device: str = "auto"
     """auto (cuda:0 when available, else cpu), cpu, cuda, cuda:N."""
     buckets: list[PosInt] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
@@ -198,6 +198,8 @@ class RunnerConfig(_Section):
     """GPU kernels: fp32 (plain fp32 products), tf32 (tensor cores, fp32 accumulation), bf16 (bf16 weights, fp32 accumulation). State, biases and the head are fp32 always."""
     check_graph_addresses: bool = False
     """Debug: verify before every replay that graph inputs have not moved."""
+    self_check: bool = True
+    """GPU engines: before serving, step a fixed stream of random rows through the engine and the CPU engine and refuse the engine when their scores disagree beyond the precision's rounding (well under a second)."""
     watchdog_ms: PosInt = 1000
     """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
     max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2

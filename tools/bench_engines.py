@@ -9,6 +9,12 @@ kernel start). A step is: write the batch's slots/positions into the engine's
 request buffer, `submit`, spin on `poll`, `collect` -- host-observed, timed
 with perf_counter_ns. Rows are random positive books already in the ring.
 
+Each engine is self-checked against the CPU engine first (runner/self_check.py),
+as serve does; one that fails is built again with the check off so that its
+speed is still measured, and its rows say WRONG RESULTS. Rows print as they are
+measured (a timeout keeps what was done); `--models lstm_a/window,...` and
+`--engines graph` pick a subset.
+
 Also in the same run, for comparison: the floor (a trivial persistent kernel
 behind the same request ring: flag in, flag out) and, for the persistent
 engines, the device time of each request (the kernel's own stamps, detect ->
@@ -23,17 +29,14 @@ missed for each.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
+from benchlib import table, write_json
 
-from hft_infer.config import load_config
+from hft_infer.config import ConfigError, load_config
 from hft_infer.runner.select import build_runtime
 
 N_SLOTS = 64
@@ -52,10 +55,11 @@ def pct(ns: np.ndarray) -> dict:
             "p999": float(np.percentile(us, 99.9)), "max": float(us.max())}
 
 
-def runtime(preset: str, mode: str, engine: str, precision: str):
+def runtime(preset: str, mode: str, engine: str, precision: str, *, self_check: bool = True):
     cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', f'model.mode="{mode}"',
                              f'runner.engine="{engine}"', f'runner.precision="{precision}"',
-                             f"universe.instruments={N_SLOTS}", 'runner.device="cuda"'])
+                             f"universe.instruments={N_SLOTS}", 'runner.device="cuda"',
+                             f"runner.self_check={'true' if self_check else 'false'}"])
     rt = build_runtime(cfg, N_SLOTS)
     rng = np.random.default_rng(1)
     store = rt.store
@@ -63,6 +67,18 @@ def runtime(preset: str, mode: str, engine: str, precision: str):
     for s in range(N_SLOTS):
         store.count[s] = store.depth
     return rt
+
+
+def checked_runtime(preset: str, mode: str, engine: str, precision: str):
+    """(runtime, verdict): the engine as serve builds it (self-checked); one that fails its
+    self-check is built again without it, so that its speed is still measured, and says so."""
+    try:
+        return runtime(preset, mode, engine, precision), "self-check passed"
+    except ConfigError as e:
+        if "self-check failed" not in str(e):
+            raise
+        why = str(e).split("self-check failed: ", 1)[1].split(":")[0]
+        return runtime(preset, mode, engine, precision, self_check=False), f"WRONG RESULTS (self-check: {why})"
 
 
 def time_steps(eng, batch: int, steps: int, depth: int) -> np.ndarray:
@@ -106,11 +122,30 @@ def floor(steps: int) -> dict:
     return pct(out) | {"device_p50": float(np.percentile(dev, 50))}
 
 
+def _verdict(r: dict) -> str:
+    goal = GOALS.get((r["model"], r["mode"], r["engine"], r["batch"]))
+    if not goal:
+        return ""
+    return ", ".join(f"{k}<={v:g}: {'met' if r.get(k, 1e9) <= v else 'MISSED'}" for k, v in goal.items())
+
+
+def _row(r: dict) -> list:
+    return [r["model"], r["mode"], r["engine"], r["batch"], r.get("device_p50"), r["p50"], r["p99"], r["p999"],
+            r["max"], _verdict(r), r.get("correct", "")]
+
+
+HEADERS = ["model", "mode", "engine", "batch", "device p50 µs", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "goal",
+           "results"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--models", default=",".join(f"{p}/{m}" for p, m in MODELS),
+                    help="preset/mode list (default: every one)")
+    ap.add_argument("--engines", default="graph,persistent")
     ap.add_argument("--quick", action="store_true", help="500 steps per row")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
@@ -119,11 +154,13 @@ def main() -> int:
         return 2
     steps = 500 if a.quick else a.steps
     batches = [int(b) for b in a.batches.split(",")]
+    models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = [{"model": "floor (trivial persistent kernel)", "mode": "-", "engine": "persistent", "batch": 1}
             | floor(steps)]
-    for preset, mode in MODELS:
-        for engine in ("graph", "persistent"):
-            rt = runtime(preset, mode, engine, a.precision)
+    print(table(HEADERS, [_row(rows[0])]), flush=True)  # each row as it is measured: a timeout keeps them
+    for preset, mode in models:
+        for engine in a.engines.split(","):
+            rt, verdict = checked_runtime(preset, mode, engine, a.precision)
             eng = rt.engine
             try:
                 if engine == "persistent":  # restart with the kernel's device stamps on
@@ -135,7 +172,7 @@ def main() -> int:
                 for b in batches:
                     first_seq = eng.ring.seq + 51 if engine == "persistent" else 0
                     r = {"model": preset, "mode": mode, "engine": engine, "batch": b, "reason": eng.reason,
-                         "conflating": rt.conflate} | pct(time_steps(eng, b, steps, rt.store.depth))
+                         "conflating": rt.conflate, "correct": verdict} | pct(time_steps(eng, b, steps, rt.store.depth))
                     if engine == "persistent":
                         eng.kernel.stop()
                         dev = eng.kernel.device_times_ns(first_seq, eng.ring.seq) / 1e3
@@ -144,29 +181,15 @@ def main() -> int:
                         eng._head = 0
                         eng.kernel.start()
                     rows.append(r)
+                    print(table(HEADERS, [_row(r)]).splitlines()[-1], flush=True)
             finally:
                 eng.close()
             del rt, eng
             torch.cuda.synchronize()
-    head = f"{'model':34s} {'mode':7s} {'engine':10s} {'batch':>5s} {'dev p50':>8s} {'p50':>8s} {'p99':>8s} " \
-           f"{'p99.9':>8s} {'max':>8s}  goal"
-    print(head)
-    for r in rows:
-        goal = GOALS.get((r["model"], r["mode"], r["engine"], r["batch"]))
-        verdict = ""
-        if goal:
-            parts = [f"{k}<={v:g}: {'met' if r.get(k, 1e9) <= v else 'MISSED'}" for k, v in goal.items()]
-            verdict = ", ".join(parts)
-        dev = f"{r['device_p50']:8.2f}" if "device_p50" in r else f"{'-':>8s}"
-        print(f"{r['model']:34s} {r['mode']:7s} {r['engine']:10s} {r['batch']:5d} {dev} {r['p50']:8.1f} "
-              f"{r['p99']:8.1f} {r['p999']:8.1f} {r['max']:8.1f}  {verdict}")
+    print()
+    print(table(HEADERS, [_row(r) for r in rows], title=f"engines, {steps} steps per row, {a.precision}"))
     if a.json:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        meta = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit,
-                "machine": platform.node(), "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(0),
-                "torch": torch.__version__, "triton": __import__("triton").__version__, "steps": steps}
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+        write_json(a.json, {"steps": steps, "gpu": torch.cuda.get_device_name(0), "rows": rows})
     return 0
 
 

@@ -268,10 +268,7 @@ class PersistentEngine(_GpuEngine):
                 slots[:b] = self.sink_slot
                 positions[:b] = 0
                 self.step(b)
-        self.kernel.stop()
         self.reset()
-        self._head = 0
-        self.kernel.start()
         self.ready = True
 
     def _launch(self, i: int, n: int) -> None:
@@ -295,8 +292,18 @@ class PersistentEngine(_GpuEngine):
         self._actions[i][:n] = out[:n, 1]
 
     def reset(self) -> None:
-        """Zero the model state; only while the kernel is stopped (see warm_up)."""
+        """Zero the model state (cold: nothing in flight). The state is only written while no
+        kernel runs, so a running kernel is stopped, the state zeroed and the kernel started
+        again on an empty ring."""
+        if self.in_flight:
+            raise EngineFailure("reset of the persistent engine with steps in flight")
+        running = self.kernel.running
+        if running:
+            self.kernel.stop()
         self.kernel.reset_state()
+        if running:
+            self._head = 0  # start() clears the ring: the next request is ring slot 0
+            self.kernel.start()
 
     def reset_slots(self, slots) -> None:
         """A reset request, served in order with the steps (the loop has collected them all)."""

@@ -1,7 +1,9 @@
 """Build the model, feature store and engine for a config, and say why this engine.
 
-`engine = "auto"` takes the fastest engine that works here: persistent, else
-graph (both need CUDA), else eager. What was chosen and why is returned as
+`engine = "auto"` takes the graph engine where CUDA works, else eager. The
+persistent engine runs only when configured (it failed its start-up self-check
+on the H200 host; BENCHMARKS.md). Every GPU engine is checked against the CPU
+engine before it serves (runner.self_check, runner/self_check.py). What was chosen and why is returned as
 `Runtime.engine.reason` and printed in serve's start-up line.
 """
 
@@ -83,15 +85,17 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
 
 def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str, allowance: int,
          sequential: bool, conflate: bool) -> Runtime:
-    """Engine `auto`: persistent where it works, else graph, else eager on the CPU. Each
-    candidate is built and warmed up here, so a failure falls through to the next. The GPU
+    """Engine `auto`: graph where it works, else eager on the CPU. Each candidate is built,
+    warmed up and self-checked here, so a failure falls through to the next. The GPU
     kernels read rows straight from the pinned host feature ring: the MLP, which reads its
     whole window from it, is stateless on the device and may conflate as on the CPU."""
     from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
 
     store = FeatureStore(n_slots, model.spec.levels, depth, pin_memory=True)
     wanted = cfg.runner.engine
-    order = ["persistent", "graph", "eager"] if wanted == "auto" else [wanted]
+    # auto leaves the persistent engine out: it failed its self-check on the H200 host
+    # (BENCHMARKS.md, "persistent engines"); `engine = "persistent"` still runs it, self-checked
+    order = ["graph", "eager"] if wanted == "auto" else [wanted]
     refused: list[str] = []
     r = cfg.runner
     for name in order:
@@ -112,6 +116,8 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                 engine = GraphEngine(kstep, list(r.buckets), sink_slot=store.sink_slot, reason=why,
                                      check_addresses=r.check_graph_addresses, max_inflight=r.max_inflight)
             engine.warm_up()
+            if r.self_check:
+                _self_check(cfg, model, version, n_slots, depth, sequential, conflate, allowance, engine, store)
             return Runtime(model, version, store, engine, sequential, conflate, allowance)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
             if engine is not None:
@@ -120,6 +126,21 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                 raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
             refused.append(f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     raise AssertionError("unreachable: eager is the last candidate")
+
+
+def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
+                allowance: int, engine, store: FeatureStore) -> None:
+    """runner.self_check: the warmed-up engine against the CPU engine on a fixed stream
+    (runner/self_check.py); raises EngineFailure when they disagree, else leaves the
+    engine's state and the rows zeroed."""
+    from hft_infer.runner.self_check import compare
+
+    ref = _eager(cfg, model, version, n_slots, depth, sequential, conflate, "self-check reference", allowance)
+    try:
+        compare(engine, store, ref.engine, ref.store, n_slots=n_slots, precision=cfg.runner.precision)
+    finally:
+        ref.engine.close()
+    engine.reset()
 
 
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,

@@ -18,15 +18,28 @@ N_SLOTS = 8
 BUCKETS = [1, 2, 4, 8]
 
 
-def _runtime(engine: str, preset: str, mode: str = "window"):
+def _runtime(engine: str, preset: str, mode: str = "window", *, self_check: bool = True):
     from hft_infer.config import load_config
     from hft_infer.runner.select import build_runtime
 
     cfg = load_config(None, ["model.checkpoint=\"\"", f"model.preset=\"{preset}\"", f"model.mode=\"{mode}\"",
                              f"runner.engine=\"{engine}\"", "runner.buckets=[1, 2, 4, 8]",
                              "scheduler.max_batch=8", "universe.instruments=8",
-                             "runner.device=\"cpu\"" if engine == "eager" else "runner.device=\"cuda\""])
+                             "runner.device=\"cpu\"" if engine == "eager" else "runner.device=\"cuda\"",
+                             f"runner.self_check={'true' if self_check else 'false'}"])
     return build_runtime(cfg, N_SLOTS)
+
+
+def _gpu_runtime_or_refusal(engine: str, preset: str, mode: str):
+    """The self-checked engine, or None when its self-check refused it (the refusal must name
+    the self-check: any other failure is an error of the test)."""
+    from hft_infer.config import ConfigError
+
+    try:
+        return _runtime(engine, preset, mode)
+    except ConfigError as e:
+        assert "self-check failed" in str(e), str(e)
+        return None
 
 
 def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
@@ -108,23 +121,16 @@ def _agree(s_cpu, a_cpu, s_gpu, a_gpu) -> None:
     assert np.array_equal(a_cpu[~near], a_gpu[~near])
 
 
-@pytest.mark.parametrize("engine", ["graph", "persistent"])
 @pytest.mark.parametrize("preset, mode", CASES)
-def test_gpu_engine_matches_cpu_reference(engine, preset, mode):
+def test_graph_engine_matches_cpu_reference(preset, mode):
     cpu = _runtime("eager", preset, mode)
-    gpu = _runtime(engine, preset, mode)
+    gpu = _runtime("graph", preset, mode)
     try:
-        assert gpu.engine.name == engine
+        assert gpu.engine.name == "graph"
         rows, slots, batches = _stream(600, cpu.store.width)
         s_cpu, a_cpu = _drive(cpu, rows, slots, batches)
         s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
-        if engine == "persistent":  # its state is zeroed only while the kernel is stopped
-            gpu.engine.kernel.stop()
-            gpu.engine.reset()
-            gpu.engine._head = 0
-            gpu.engine.kernel.start()
-        else:
-            gpu.engine.reset()
+        gpu.engine.reset()
         s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
     finally:
         gpu.engine.close()
@@ -132,10 +138,39 @@ def test_gpu_engine_matches_cpu_reference(engine, preset, mode):
     _agree(s_cpu, a_cpu, s_pipe, a_pipe)  # several steps in flight: the same results, in order
 
 
-@pytest.mark.parametrize("engine", ["graph", "persistent"])
-def test_reset_slots_on_the_device_matches_the_cpu(engine):
+@pytest.mark.parametrize("preset, mode", CASES)
+def test_persistent_engine_matches_the_cpu_or_is_refused_at_start_up(preset, mode):
+    """A persistent engine that serves must agree with the CPU on a stream the self-check has
+    not seen (other rows, other batches); one that disagrees must have been refused, and the
+    same engine built without the self-check must indeed disagree (the check saw something
+    real, not a fault of its own)."""
+    cpu = _runtime("eager", preset, mode)
+    rows, slots, batches = _stream(600, cpu.store.width)
+    s_cpu, a_cpu = _drive(cpu, rows, slots, batches)
+    gpu = _gpu_runtime_or_refusal("persistent", preset, mode)
+    if gpu is None:
+        gpu = _runtime("persistent", preset, mode, self_check=False)
+        try:
+            s_gpu, _ = _drive(gpu, rows, slots, batches)
+        finally:
+            gpu.engine.close()
+        assert np.abs(s_cpu - s_gpu).max() > 1e-4  # refused for a reason
+        return
+    try:
+        s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
+        gpu.engine.reset()
+        s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
+    finally:
+        gpu.engine.close()
+    _agree(s_cpu, a_cpu, s_gpu, a_gpu)
+    _agree(s_cpu, a_cpu, s_pipe, a_pipe)
+
+
+def test_reset_slots_on_the_device_matches_the_cpu():
+    """(The graph engine; the persistent engine's resets are checked by its kernel tests:
+    through the runner it fails its self-check before any reset matters.)"""
     cpu = _runtime("eager", "lstm_a", "stream")
-    gpu = _runtime(engine, "lstm_a", "stream")
+    gpu = _runtime("graph", "lstm_a", "stream")
     try:
         rows, slots, batches = _stream(300, cpu.store.width, seed=3)
         half = len(batches) // 2
@@ -187,7 +222,7 @@ def test_graphs_cannot_be_captured_twice():
 def test_persistent_engine_stops_and_its_watchdog_trips():
     from hft_infer.runner.gpu import EngineFailure
 
-    rt = _runtime("persistent", "lstm_a")
+    rt = _runtime("persistent", "lstm_a", self_check=False)  # liveness, not results
     eng = rt.engine
     slots, positions = eng.request()
     slots[:1] = 0
@@ -201,10 +236,10 @@ def test_persistent_engine_stops_and_its_watchdog_trips():
 
 
 @pytest.mark.parametrize("preset, mode", CASES)
-def test_auto_picks_persistent_for_every_family_and_says_why(preset, mode):
+def test_auto_picks_the_self_checked_graph_engine_for_every_family_and_says_why(preset, mode):
     rt = _runtime("auto", preset, mode)
     try:
-        assert rt.engine.name == "persistent" and "persistent works here" in rt.engine.reason
+        assert rt.engine.name == "graph" and "graph works here" in rt.engine.reason
         assert rt.conflate == (preset == "mlp_small")  # the MLP reads its window from the host ring
     finally:
         rt.engine.close()
