@@ -40,10 +40,10 @@ import triton.language as tl
 from hft_infer.kernels.common import OUT_COLS, dot_flags, interpreting
 from hft_infer.kernels.lstm import LstmWeights, _lstm_copy_h, _lstm_head, _lstm_layer
 from hft_infer.kernels.persistent import (
-    CNT_DONE,
-    KIND_RESET,
-    KIND_STEP,
-    LINE,
+    CNT_DONE_C as _CNT_DONE,
+    LINE_C as _LINE,
+    RESET_C as _RESET,
+    STEP_C as _STEP,
     PersistentKernel,
     RequestRing,
     _arrive,
@@ -54,11 +54,6 @@ from hft_infer.kernels.persistent import (
     _wait_broadcast,
     _wait_count,
 )
-
-_STEP = tl.constexpr(KIND_STEP)
-_RESET = tl.constexpr(KIND_RESET)
-_LINE = tl.constexpr(LINE)
-_CNT_DONE = tl.constexpr(CNT_DONE)
 
 
 @triton.jit

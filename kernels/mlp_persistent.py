@@ -29,9 +29,9 @@ import triton.language as tl
 from hft_infer.kernels.common import OUT_COLS, dot_flags, interpreting
 from hft_infer.kernels.mlp import BLOCK_B_MAX, MlpWeights, _mlp_finish, _mlp_partial
 from hft_infer.kernels.persistent import (
-    KIND_RESET,
-    KIND_STEP,
-    LINE,
+    LINE_C as _LINE,
+    RESET_C as _RESET,
+    STEP_C as _STEP,
     PersistentKernel,
     RequestRing,
     _arrive,
@@ -43,10 +43,6 @@ from hft_infer.kernels.persistent import (
     _wait_broadcast,
     _wait_count,
 )
-
-_STEP = tl.constexpr(KIND_STEP)
-_RESET = tl.constexpr(KIND_RESET)
-_LINE = tl.constexpr(LINE)
 
 
 @triton.jit(do_not_specialize=["R"])

@@ -84,6 +84,11 @@ _MB_REQ = tl.constexpr(MB_REQ)
 _MB_N = tl.constexpr(MB_N)
 _MB_KIND = tl.constexpr(MB_KIND)
 _KIND_STOP = tl.constexpr(KIND_STOP)
+# the same words as constexprs for the model kernels' own loops (lstm_persistent, mlp_persistent)
+STEP_C = tl.constexpr(KIND_STEP)
+RESET_C = tl.constexpr(KIND_RESET)
+LINE_C = tl.constexpr(LINE)
+CNT_DONE_C = tl.constexpr(CNT_DONE)
 
 
 def persistent_supported(device: torch.device | str | None = None) -> tuple[bool, str]:

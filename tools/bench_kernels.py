@@ -111,8 +111,7 @@ class Setup:
 
     def launched(self, batch: int):
         """(step(rows, slots, positions, out, ring_h), state) for the launched kernel at this batch."""
-        from hft_infer.kernels import lstm_stream as ls
-        from hft_infer.kernels import lstm_window as lw
+        from hft_infer.kernels import lstm_stream as ls, lstm_window as lw
         from hft_infer.kernels.mlp import alloc_mlp_workspace, mlp_step
 
         w, dev = self.w, self.dev

@@ -37,8 +37,7 @@ import numpy as np
 import torch
 
 from hft_infer.kernels import reference
-from hft_infer.models import PRESETS, build_model
-from hft_infer.models import dataset as ds
+from hft_infer.models import PRESETS, build_model, dataset as ds
 from hft_infer.models.build import build_executor
 from hft_infer.models.numpy_lstm import lstm_cell
 from hft_infer.replay.synthetic import SyntheticConfig, generate

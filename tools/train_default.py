@@ -24,8 +24,7 @@ import msgspec
 import numpy as np
 import torch
 
-from hft_infer.models import build_model, preset
-from hft_infer.models import dataset as ds
+from hft_infer.models import build_model, dataset as ds, preset
 from hft_infer.models.checkpoint import builtin_path, save_checkpoint
 from hft_infer.models.evaluation import PREDICTORS, evaluate, format_table
 from hft_infer.models.features import preprocess

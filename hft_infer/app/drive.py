@@ -35,8 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-from rich.progress import Progress as RichProgress
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
 from hft_infer.affinity import parse_cpulist
 from hft_infer.app.launcher import READY_TIMEOUT_S, ServiceProcess, plan_harness, private_runtime_dir, tail

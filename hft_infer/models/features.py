@@ -33,8 +33,7 @@ GPU kernels).
 
 from __future__ import annotations
 
-from hft_infer.kernels.reference import BPS, normalise
-from hft_infer.kernels.reference import preprocess as _preprocess
+from hft_infer.kernels.reference import BPS, normalise, preprocess as _preprocess
 
 __all__ = ["BPS", "normalise", "preprocess", "row_width", "trade_price_index", "trade_size_index"]
 

@@ -48,10 +48,13 @@ def check_stream(width: int, n_slots: int, max_batch: int, rows: int = ROWS, see
     return data, np.asarray(slots, dtype=np.int64), batches
 
 
-def drive(engine, store: FeatureStore, data: np.ndarray, slots: np.ndarray, batches: list[int]) -> np.ndarray:
-    """Write each row into `store` at its slot's next position and step the batches; the scores."""
-    store.reset()
-    scores = []
+def drive(engine, store: FeatureStore, data: np.ndarray, slots: np.ndarray, batches: list[int], *,
+          fresh: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Write each row into `store` at its slot's next position and step the batches, one at a
+    time; (scores, actions). fresh: zero the store first (else go on from where it is)."""
+    if fresh:
+        store.reset()
+    scores, actions = [], []
     i = 0
     for b in batches:
         e_slots, e_positions = engine.request()
@@ -62,10 +65,11 @@ def drive(engine, store: FeatureStore, data: np.ndarray, slots: np.ndarray, batc
             store.count[slot] = pos + 1
             e_slots[k] = slot
             e_positions[k] = pos
-        sc, _ = engine.step(b)
+        sc, ac = engine.step(b)
         scores.append(np.array(sc, dtype=np.float32))
+        actions.append(np.array(ac))
         i += b
-    return np.concatenate(scores)
+    return np.concatenate(scores), np.concatenate(actions)
 
 
 def compare(engine, store: FeatureStore, reference, reference_store: FeatureStore, *, n_slots: int,
@@ -74,8 +78,8 @@ def compare(engine, store: FeatureStore, reference, reference_store: FeatureStor
     Returns the largest score difference. Both stores are left zeroed."""
     max_batch = min(engine.max_batch, reference.max_batch)
     data, slots, batches = check_stream(store.width, n_slots, max_batch)
-    want = drive(reference, reference_store, data, slots, batches)
-    got = drive(engine, store, data, slots, batches)
+    want, _ = drive(reference, reference_store, data, slots, batches)
+    got, _ = drive(engine, store, data, slots, batches)
     store.reset()
     reference_store.reset()
     diff = np.abs(got.astype(np.float64) - want)

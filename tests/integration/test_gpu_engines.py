@@ -42,28 +42,14 @@ def _gpu_runtime_or_refusal(engine: str, preset: str, mode: str):
         return None
 
 
-def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
-    """Write rows (one per event, slot slots_seq[i]) and step them in the given batch sizes."""
-    store, eng = rt.store, rt.engine
-    if not eng.ready:
-        eng.warm_up()
-    store.reset()
-    scores, actions = [], []
-    i = 0
-    for b in batches:
-        e_slots, e_positions = eng.request()
-        for k in range(b):
-            slot = int(slots_seq[i + k])
-            pos = store.count[slot]
-            store.array[slot, pos % store.depth] = rows[i + k]
-            store.count[slot] = pos + 1
-            e_slots[k] = slot
-            e_positions[k] = pos
-        sc, ac = eng.step(b)
-        scores.append(sc.copy())
-        actions.append(ac.copy())
-        i += b
-    return np.concatenate(scores), np.concatenate(actions)
+def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int], *, fresh: bool = True):
+    """Write rows (one per event, slot slots_seq[i]) and step them in the given batch sizes: the
+    self-check's own driver (runner/self_check.py), after the engine's warm-up."""
+    from hft_infer.runner.self_check import drive
+
+    if not rt.engine.ready:
+        rt.engine.warm_up()
+    return drive(rt.engine, rt.store, rows, slots_seq, batches, fresh=fresh)
 
 
 def _drive_pipelined(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
@@ -182,33 +168,12 @@ def test_reset_slots_on_the_device_matches_the_cpu():
             for s in (0, 3, 5):  # what the service does with a Reset: the rows start again too
                 rt.store.array[s] = 0
                 rt.store.count[s] = 0
-            s2, a2 = _continue(rt, rows[n_half:], slots[n_half:], batches[half:])
+            s2, a2 = _drive(rt, rows[n_half:], slots[n_half:], batches[half:], fresh=False)
             out.append((s1, s2, a2))
     finally:
         gpu.engine.close()
     np.testing.assert_allclose(out[0][0], out[1][0], atol=1e-4)
     np.testing.assert_allclose(out[0][1], out[1][1], atol=1e-4)
-
-
-def _continue(rt, rows, slots_seq, batches):
-    """_drive without the warm-up and store reset: keeps going from the current state."""
-    store, eng = rt.store, rt.engine
-    scores, actions = [], []
-    i = 0
-    for b in batches:
-        e_slots, e_positions = eng.request()
-        for k in range(b):
-            slot = int(slots_seq[i + k])
-            pos = store.count[slot]
-            store.array[slot, pos % store.depth] = rows[i + k]
-            store.count[slot] = pos + 1
-            e_slots[k] = slot
-            e_positions[k] = pos
-        sc, ac = eng.step(b)
-        scores.append(sc.copy())
-        actions.append(ac.copy())
-        i += b
-    return np.concatenate(scores), np.concatenate(actions)
 
 
 def test_graphs_cannot_be_captured_twice():

@@ -11,8 +11,7 @@ import math
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from ingest_rig import IngestRig
 
 from hft_infer.transport.codec import encode, pack_book, validate_quote, validate_trade

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from hft_infer.replay import lobster
 from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, encode_frames, event_dtype

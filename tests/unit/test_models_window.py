@@ -11,8 +11,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
-from hft_infer.models import PRESETS, build_model
-from hft_infer.models import dataset as ds
+from hft_infer.models import PRESETS, build_model, dataset as ds
 from hft_infer.models.build import BACKENDS, build_executor
 from hft_infer.models.cached import MlpCachedExecutor
 from hft_infer.models.features import preprocess
