@@ -35,6 +35,7 @@ import warnings
 
 import numpy as np
 import torch
+from benchlib import cpu_model
 
 from hft_infer.kernels import reference
 from hft_infer.models import PRESETS, build_model, dataset as ds
@@ -45,14 +46,7 @@ from hft_infer.runner.eager import limit_cpu_threads
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return cpu_model() or platform.processor() or "unknown CPU"
 
 
 # ------------------------------------------------------------ torch.compile of the same steps

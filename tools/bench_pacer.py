@@ -16,7 +16,6 @@ is then the queueing of the send loop itself).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchlib import table, write_json
 
 from hft_infer.app.launcher import plan_harness
 from hft_infer.config import load_config
@@ -92,15 +92,12 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hft-pace-", dir="/tmp"))
     rows = [run(rate, a.seconds, p == "spin", plan, work) for rate in a.rates.split(",") for p in a.pacers.split(",")]
     print(f"pacer process on core {plan.pacer_core}, drain on core {plan.collector_cores[0]} ({os.cpu_count()} cores)")
-    print(f"{'rate':>7s} {'pacer':6s} {'achieved/s':>10s} {'late p50 µs':>11s} {'p99':>8s} {'p99.9':>8s} "
-          f"{'max':>9s} {'received':>9s}")
-    for r in rows:
-        s = r["lateness"]
-        print(f"{r['rate']:>7s} {r['pacer']:6s} {r['rate_achieved']:10.0f} {s['p50_us']:11.1f} {s['p99_us']:8.1f} "
-              f"{s['p999_us']:8.1f} {s['max_us']:9.1f} {r['received']:9d}")
+    print(table(["rate", "pacer", "achieved/s", "late p50 µs", "p99 µs", "p99.9 µs", "max µs", "received"],
+                [[r["rate"], r["pacer"], r["rate_achieved"]]
+                 + [r["lateness"][k] for k in ("p50_us", "p99_us", "p999_us", "max_us")] + [r["received"]]
+                 for r in rows]))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(a.json, rows)
     return 0
 
 

@@ -23,7 +23,6 @@ in zmq_poll (two spinning processes on two cores measure the scheduler).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import time
 
 import numpy as np
 import zmq
+from benchlib import table, write_json
 
 from hft_infer.metrics import new_histogram, record_array, summarize
 from hft_infer.replay.child import pin_self, set_timer_slack, zmq_context
@@ -165,14 +165,11 @@ def main() -> int:
     print(f"ZeroMQ ipc round trip, {a.n:,} per pattern, {OUT_BYTES} B out / {BACK_BYTES} B back, "
           f"{'spinning' if spin else 'blocking'}, client core {cores[0]}, server core {cores[1]}, "
           f"io cores {','.join(map(str, io)) or '-'} ({os.cpu_count()} cores)")
-    print(f"{'pattern':8s} {'p50 µs':>8s} {'p90 µs':>8s} {'p99 µs':>8s} {'p99.9 µs':>9s} {'max µs':>9s}")
-    for r in rows:
-        s = r["rtt"]
-        print(f"{r['pattern']:8s} {s['p50_us']:8.1f} {s['p90_us']:8.1f} {s['p99_us']:8.1f} {s['p999_us']:9.1f} "
-              f"{s['max_us']:9.1f}")
+    print(table(["pattern", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"],
+                [[r["pattern"]] + [r["rtt"][k] for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")]
+                 for r in rows]))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(a.json, rows)
     return 0
 
 

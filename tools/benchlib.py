@@ -104,7 +104,7 @@ def _git(*args: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -137,7 +137,7 @@ def run_meta(argv: Sequence[str] | None = None) -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {
             "host": socket.gethostname(),
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cpus": os.cpu_count(),
             "cpus_usable": usable,
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -165,4 +165,4 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
-__all__ = ["cell", "percentile_table", "run_meta", "table", "write_json"]
+__all__ = ["cell", "cpu_model", "percentile_table", "run_meta", "table", "write_json"]
