@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hft_infer.replay import lobster
+from hft_infer.replay import lobster, lobster_text
 from hft_infer.replay.events import KIND_QUOTE, KIND_TRADE, encode_frames, event_dtype
 from hft_infer.replay.lobster import (
     LobsterError,
@@ -245,7 +245,7 @@ def test_small_chunks_give_the_same_result(monkeypatch):
     """Chunk and sub-chunk boundaries (line numbers, the previous-time check) are invisible."""
     want = load_lobster(find_pairs([BAD, AAPL, MSFT]))
     monkeypatch.setattr(lobster, "CHUNK_LINES", 3)
-    monkeypatch.setattr(lobster, "SUBCHUNK_LINES", 2)
+    monkeypatch.setattr(lobster_text, "SUBCHUNK_LINES", 2)
     got = load_lobster(find_pairs([BAD, AAPL, MSFT]))
     assert got.skipped == want.skipped and got.counts == want.counts
     np.testing.assert_array_equal(got.events, want.events)
@@ -315,7 +315,7 @@ _NEAR_MISSES = st.text(alphabet="0123456789. -+e\t", max_size=12).map(str.encode
 @given(st.lists(st.one_of(_DECIMALS, _NEAR_MISSES), min_size=1, max_size=20))
 def test_vectorised_time_parser_agrees_with_the_reference(texts):
     raw = np.array(texts, dtype="S40")
-    ns, ok = lobster._times_ns(raw)
+    ns, ok = lobster_text.times_ns(raw)
     for t, v, good in zip(raw.tolist(), ns.tolist(), ok.tolist()):
         ref = time_ns_from_text(t)
         if good:  # whatever the fast path accepts, the reference accepts with the same value
