@@ -3,6 +3,7 @@
 #   tools/gpu_session.sh e2e       # (default) the harness and end-to-end table set, ~8 min
 #   tools/gpu_session.sh smoke     # every GPU test + short benches (find bugs cheaply)
 #   tools/gpu_session.sh kernels   # kernel and engine benchmarks
+#   tools/gpu_session.sh land      # the landing set: GPU tests, e2e with floor, goodput, engines, ...
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -32,7 +33,8 @@ log() { echo "== $(date +%T) +$(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/sessio
 
 provenance() {
   local commit dirty digest
-  commit=$(git rev-parse HEAD 2>/dev/null || echo "${HFT_COMMIT:-unknown (no .git here: pass HFT_COMMIT)}")
+  # HFT_COMMIT first: a device copy of the tree may carry an older .git than its files
+  commit=${HFT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git here: pass HFT_COMMIT)")}
   dirty=$(git status --porcelain 2>/dev/null | grep -c . || true)
   digest=$(find hft_infer transport kernels replay configs tools tests -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sh' \) 2>/dev/null \
            | LC_ALL=C sort | xargs sha256sum 2>/dev/null | sha256sum | cut -c1-16)
@@ -176,7 +178,7 @@ md.append(f"\nTarget: floor p99 (10k) <= 1.5x raw PAIR ping-pong p99: {verdict(o
 md += ["", "## End to end, each beside its floor from the same run (`bench --with-floor`)", "",
        "| run | engine | offered/s | achieved/s | tick_to_decision p50 / p99 / p99.9 | floor p50 / p99 / p99.9 | p99 / floor | service stage p50 / p99 | decided | shed | conflated | lost |",
        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-for name in ("gpu_10k", "gpu_30k", "gpu_50k", "default_10k", "default_30k"):
+for name in ("gpu_10k", "gpu_30k", "gpu_50k", "gpu_100k", "default_10k", "default_30k"):
     o = load(name)
     if o is None:
         md.append(f"| {name} | not run or failed (see its log) ||||||||||")
@@ -217,6 +219,28 @@ if [ "$phase" = e2e ]; then
   step harness_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_harness.py \
        tests/unit/test_pacer_collector.py
   summarize
+elif [ "$phase" = land ]; then
+  # the landing set, one call (~9 min): GPU tests, the end-to-end headline beside its floor, the
+  # goodput curve, the engines, the per-event costs, shards and the shared-memory transport when
+  # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
+  custom=$(ls tests/integration/test_gpu_custom_model.py 2>/dev/null)
+  step gpu_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py $custom
+  bench gpu_10k 60 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_100k 60 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
+  step overload 120 $PY tools/bench_overload.py --rates 20000,50000,100000,200000,500000 --duration 2 \
+       --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
+  step bench_engines 80 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
+       --batches 1,64 --json "$WORK/bench_engines.json"
+  [ -f tools/bench_shards.sh ] && step shards 70 bash tools/bench_shards.sh "$WORK/shards"
+  step hotpath 30 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
+  [ -f tools/bench_shm.sh ] && step shm 50 bash tools/bench_shm.sh "$WORK/shm"
+  step pingpong 20 $PY tools/bench_pingpong.py --n 20000 --json "$WORK/pingpong.json"
+  summarize
+  for name in gpu_tests overload bench_engines shards hotpath shm pingpong; do  # their own tables, verbatim
+    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
+  done
+  cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
