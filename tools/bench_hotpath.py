@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 
 import numpy as np
 import zmq
+from benchlib import table, write_json
 
 from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
@@ -265,17 +263,9 @@ def main() -> None:
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]
-    width = max(len(r[0]) for r in rows)
-    print(f"{'phase':{width}s}  {'cost':>10s}  unit")
-    for name, v, unit in rows:
-        print(f"{name:{width}s}  {v:10,.0f}  {unit}")
+    print(table(["phase", "cost", "unit"], rows, digits=0))
     if a.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        with open(a.json, "w") as f:
-            json.dump({"command": "python tools/bench_hotpath.py", "n": a.n, "machine": platform.node(),
-                       "cpus": os.cpu_count(), "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                       "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]}, f, indent=2)
-
+        write_json(a.json, {"n": a.n, "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
 
 if __name__ == "__main__":
     main()

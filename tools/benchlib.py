@@ -125,8 +125,9 @@ def _version(dist: str) -> str | None:
 def run_meta(argv: Sequence[str] | None = None) -> dict:
     """Where and how a result was produced (see the module docstring)."""
     argv = list(sys.argv if argv is None else argv)
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain") if commit else None
+    # HFT_COMMIT (tools/gpu_session.sh sets it) first: a device copy may carry an older .git
+    commit = os.environ.get("HFT_COMMIT") or _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain") if commit and "HFT_COMMIT" not in os.environ else None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
