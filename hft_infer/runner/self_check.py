@@ -57,19 +57,25 @@ def drive(engine, store: FeatureStore, data: np.ndarray, slots: np.ndarray, batc
     scores, actions = [], []
     i = 0
     for b in batches:
-        e_slots, e_positions = engine.request()
-        for k in range(b):
-            slot = int(slots[i + k])
-            pos = store.count[slot]
-            store.array[slot, pos % store.depth] = data[i + k]
-            store.count[slot] = pos + 1
-            e_slots[k] = slot
-            e_positions[k] = pos
+        stage(engine, store, data[i:i + b], slots[i:i + b])
         sc, ac = engine.step(b)
         scores.append(np.array(sc, dtype=np.float32))
         actions.append(np.array(ac))
         i += b
     return np.concatenate(scores), np.concatenate(actions)
+
+
+def stage(engine, store: FeatureStore, rows: np.ndarray, slots: np.ndarray) -> None:
+    """Write `rows` (one per request) at their slots' next positions in `store` and fill the
+    engine's next request buffers with those slots and positions (the ingest's part of a step)."""
+    e_slots, e_positions = engine.request()
+    for k in range(len(rows)):
+        slot = int(slots[k])
+        pos = store.count[slot]
+        store.array[slot, pos % store.depth] = rows[k]
+        store.count[slot] = pos + 1
+        e_slots[k] = slot
+        e_positions[k] = pos
 
 
 def compare(engine, store: FeatureStore, reference, reference_store: FeatureStore, *, n_slots: int,

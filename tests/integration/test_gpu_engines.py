@@ -54,6 +54,8 @@ def _drive(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int], *, f
 
 def _drive_pipelined(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[int]):
     """As _drive, but with as many steps in flight as the engine allows before collecting."""
+    from hft_infer.runner.self_check import stage
+
     store, eng = rt.store, rt.engine
     if not eng.ready:
         eng.warm_up()
@@ -65,14 +67,7 @@ def _drive_pipelined(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[
             sc, ac = eng.finish()
             scores.append(sc.copy())
             actions.append(ac.copy())
-        e_slots, e_positions = eng.request()
-        for k in range(b):
-            slot = int(slots_seq[i + k])
-            pos = store.count[slot]
-            store.array[slot, pos % store.depth] = rows[i + k]
-            store.count[slot] = pos + 1
-            e_slots[k] = slot
-            e_positions[k] = pos
+        stage(eng, store, rows[i:i + b], slots_seq[i:i + b])
         eng.submit(b)
         i += b
     while eng.in_flight:
@@ -83,18 +78,10 @@ def _drive_pipelined(rt, rows: np.ndarray, slots_seq: np.ndarray, batches: list[
 
 
 def _stream(n: int, width: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    rows = (100 + rng.normal(0, 0.05, (n, width))).astype(np.float32)
-    rows[:, 1::4] = rng.integers(1, 500, (n, width // 4 + 1))[:, : rows[:, 1::4].shape[1]]
-    rows[:, 3::4] = rng.integers(1, 500, (n, width // 4 + 1))[:, : rows[:, 3::4].shape[1]]
-    # batches of distinct slots, every slot's rows in order
-    slots, batches = [], []
-    while len(slots) < n:
-        b = int(rng.choice(BUCKETS))
-        b = min(b, n - len(slots))
-        slots.extend(rng.permutation(N_SLOTS)[:b].tolist())
-        batches.append(b)
-    return rows, np.asarray(slots), batches
+    """The self-check's stream of book-like rows in batches of distinct slots (runner/self_check.py)."""
+    from hft_infer.runner.self_check import check_stream
+
+    return check_stream(width, N_SLOTS, max(BUCKETS), rows=n, seed=seed)
 
 
 CASES = [("lstm_a", "window"), ("mlp_small", "window"), ("lstm_a", "stream")]

@@ -9,22 +9,14 @@ import numpy as np
 import pytest
 import torch
 from test_models_window import _drive, _sharp, _stream
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
 from hft_infer.models import PRESETS, build_model
 from hft_infer.models.build import BACKENDS, build_executor
 from hft_infer.models.decision import DecisionPolicy
 from hft_infer.runner.eager import EagerEngine
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch and one BLAS thread, as the service runs (see test_models_window.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _pair(levels: int, window: int, hidden: tuple[int, ...], seed: int):

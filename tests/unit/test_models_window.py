@@ -9,7 +9,6 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from threadpoolctl import threadpool_limits
 
 from hft_infer.models import PRESETS, build_model, dataset as ds
 from hft_infer.models.build import BACKENDS, build_executor
@@ -21,16 +20,7 @@ from hft_infer.models.numpy_mlp import MlpNumpyExecutor
 from hft_infer.models.torch_executors import LstmRecomputeExecutor, LstmStreamExecutor
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch and one BLAS thread, as the service runs (runner.torch_threads = 1): on a busy
-    2-core machine two threads wait on each other at every small op (~15x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _sharp(model):
