@@ -122,12 +122,9 @@ class NullService:
         next_status = perf_ns() + self.status_interval_ns
         last_frame = perf_ns()
         while not self.stopping:
-            insts, seqs, sends, got = self.drain()
-            now = perf_ns()
+            got, now = self.read_and_answer()
             if got:
                 last_frame = now
-                if insts:
-                    self.answer_or_hold(insts, seqs, sends, now)
             if self.pending and self.pending[0][0] <= now:
                 self.answer_due(now)
             if now >= next_status:
@@ -138,6 +135,14 @@ class NullService:
                 wake = next_status if not self.pending else min(next_status, self.pending[0][0])
                 self.poller.poll(max(0, min(50, (wake - now) // 1_000_000 + 1)))
         self.drain_and_finish()
+
+    def read_and_answer(self) -> tuple[int, int]:
+        """Drain what is ready and answer (or hold) its events; (frames read, now)."""
+        insts, seqs, sends, got = self.drain()
+        now = perf_ns()
+        if insts:
+            self.answer_or_hold(insts, seqs, sends, now)
+        return got, now
 
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
@@ -247,12 +252,9 @@ class NullService:
         deadline = perf_ns() + self.cfg.service.drain_timeout_ms * 1_000_000
         quiet_since = perf_ns()
         while perf_ns() < deadline and perf_ns() - quiet_since < DRAIN_QUIET_NS:
-            insts, seqs, sends, got = self.drain()
-            now = perf_ns()
+            got, now = self.read_and_answer()
             if got:
                 quiet_since = now
-                if insts:
-                    self.answer_or_hold(insts, seqs, sends, now)
             else:
                 self.poller.poll(5)
             self.answer_due(now)

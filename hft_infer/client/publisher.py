@@ -181,16 +181,8 @@ class FeedPublisher:
             raise ValueError(f"{n} instruments but books of shape {block.shape}")
         row = n_levels * BYTES_PER_LEVEL
         mv = memoryview(block).cast("B")
-        ts_ex = _column(ts_exchange_ns, n, 0, "ts_exchange_ns")
-        pris = [_priority(p) for p in _column(priorities, n, None, "priorities")]
-        seqs, now, send = self._seq, time.time_ns, self._send
-        for k in range(n):
-            i = inst[k]
-            seq = seqs.get(i, 0)
-            if not send(self._topic(i), Quote(i, seq, ts_ex[k], now(), n_levels, mv[k * row:(k + 1) * row], pris[k])):
-                return k
-            seqs[i] = seq + 1
-        return n
+        return self._send_each(inst, ts_exchange_ns, priorities, lambda k, i, seq, ts_ex, now, pri: Quote(
+            i, seq, ts_ex, now, n_levels, mv[k * row:(k + 1) * row], pri))
 
     def publish_trades(self, instruments, prices, sizes, sides, *, ts_exchange_ns=None, priorities=None) -> int:
         """Many Trades in one call, in order: n ids, n prices, n sizes, n sides (+1/-1); the other
@@ -205,13 +197,21 @@ class FeedPublisher:
         if not np.isin(side_arr, (1, -1)).all():
             raise ValueError("sides must be +1 (buyer) or -1 (seller)")
         sd = side_arr.astype(np.int64).tolist()  # ints on the wire: a float 1.0 would not decode as a side
+        return self._send_each(inst, ts_exchange_ns, priorities, lambda k, i, seq, ts_ex, now, pri: Trade(
+            i, seq, ts_ex, now, px[k], sz[k], sd[k], pri))
+
+    def _send_each(self, inst: list[int], ts_exchange_ns, priorities, message) -> int:
+        """Send `message(k, instrument, seq, ts_exchange_ns, ts_send_ns, priority)` for each k in
+        order; stop at the first frame that cannot be queued (it takes no sequence number).
+        Returns how many went out."""
+        n = len(inst)
         ts_ex = _column(ts_exchange_ns, n, 0, "ts_exchange_ns")
         pris = [_priority(p) for p in _column(priorities, n, None, "priorities")]
         seqs, now, send = self._seq, time.time_ns, self._send
         for k in range(n):
             i = inst[k]
             seq = seqs.get(i, 0)
-            if not send(self._topic(i), Trade(i, seq, ts_ex[k], now(), px[k], sz[k], sd[k], pris[k])):
+            if not send(self._topic(i), message(k, i, seq, ts_ex[k], now(), pris[k])):
                 return k
             seqs[i] = seq + 1
         return n

@@ -87,6 +87,16 @@ def _stream(n: int, width: int, seed: int = 0):
 CASES = [("lstm_a", "window"), ("mlp_small", "window"), ("lstm_a", "stream")]
 
 
+def _agrees_one_step_at_a_time_and_pipelined(gpu, rows, slots, batches, s_cpu, a_cpu) -> None:
+    """The GPU engine's results equal the CPU's, stepped one at a time and with several steps
+    in flight (the same results, in order); the engine is reset in between."""
+    s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
+    _agree(s_cpu, a_cpu, s_gpu, a_gpu)
+    gpu.engine.reset()
+    s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
+    _agree(s_cpu, a_cpu, s_pipe, a_pipe)
+
+
 def _agree(s_cpu, a_cpu, s_gpu, a_gpu) -> None:
     diff = np.abs(s_cpu - s_gpu)
     assert diff.max() < 1e-4, diff.max()  # fp32 both, different summation order: ~1e-6 seen
@@ -102,13 +112,9 @@ def test_graph_engine_matches_cpu_reference(preset, mode):
         assert gpu.engine.name == "graph"
         rows, slots, batches = _stream(600, cpu.store.width)
         s_cpu, a_cpu = _drive(cpu, rows, slots, batches)
-        s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
-        gpu.engine.reset()
-        s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
+        _agrees_one_step_at_a_time_and_pipelined(gpu, rows, slots, batches, s_cpu, a_cpu)
     finally:
-        gpu.engine.close()
-    _agree(s_cpu, a_cpu, s_gpu, a_gpu)
-    _agree(s_cpu, a_cpu, s_pipe, a_pipe)  # several steps in flight: the same results, in order
+        gpu.engine.close()  # several steps in flight: the same results, in order
 
 
 @pytest.mark.parametrize("preset, mode", CASES)
@@ -130,13 +136,9 @@ def test_persistent_engine_matches_the_cpu_or_is_refused_at_start_up(preset, mod
         assert np.abs(s_cpu - s_gpu).max() > 1e-4  # refused for a reason
         return
     try:
-        s_gpu, a_gpu = _drive(gpu, rows, slots, batches)
-        gpu.engine.reset()
-        s_pipe, a_pipe = _drive_pipelined(gpu, rows, slots, batches)
+        _agrees_one_step_at_a_time_and_pipelined(gpu, rows, slots, batches, s_cpu, a_cpu)
     finally:
         gpu.engine.close()
-    _agree(s_cpu, a_cpu, s_gpu, a_gpu)
-    _agree(s_cpu, a_cpu, s_pipe, a_pipe)
 
 
 def test_reset_slots_on_the_device_matches_the_cpu():
