@@ -224,20 +224,24 @@ elif [ "$phase" = land ]; then
   # goodput curve, the engines, the per-event costs, shards and the shared-memory transport when
   # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
   custom=$(ls tests/integration/test_gpu_custom_model.py 2>/dev/null)
-  step gpu_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py $custom
-  bench gpu_10k 60 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
-  bench gpu_100k 60 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
-  step overload 120 $PY tools/bench_overload.py --rates 20000,50000,100000,200000,500000 --duration 2 \
+  bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench floor_10k 25 -c configs/gpu.toml --null-service --rate 10000 --duration 2 --warmup 1
+  bench floor_100k 25 -c configs/gpu.toml --null-service --rate 100000 --duration 2 --warmup 1
+  bench floor_500k 30 -c configs/gpu.toml --null-service --rate 500000 --duration 2 --warmup 1
+  step pacer 25 $PY tools/bench_pacer.py --rates 100000 --pacers spin --seconds 2 --json "$WORK/pacer.json"
+  bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
+  step overload 100 $PY tools/bench_overload.py --rates 20000,50000,100000,200000,500000 --duration 2 \
        --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
-  step bench_engines 80 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
+  step bench_engines 60 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
        --batches 1,64 --json "$WORK/bench_engines.json"
   [ -f tools/bench_shards.sh ] && step shards 70 bash tools/bench_shards.sh "$WORK/shards"
-  step hotpath 30 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
+  step hotpath 25 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
   [ -f tools/bench_shm.sh ] && step shm 50 bash tools/bench_shm.sh "$WORK/shm"
   step pingpong 20 $PY tools/bench_pingpong.py --n 20000 --json "$WORK/pingpong.json"
   summarize
-  for name in gpu_tests overload bench_engines shards hotpath shm pingpong; do  # their own tables, verbatim
+  for name in gpu_tests overload bench_engines shards hotpath shm; do  # their own tables, verbatim
     [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
   done
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
