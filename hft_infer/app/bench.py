@@ -159,6 +159,8 @@ def run(args: argparse.Namespace):
         from hft_infer.app.shards import check_shard_count
 
         check_shard_count(args.shards, cfg, n_inst)
+    if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
+        raise UserError("--shard-collectors must be >= 1 and needs --shards")
     levels = model_levels(cfg)
     if not args.quiet:
         print(f"bench: generating {n_total:,} synthetic events over {n_inst} instruments ...", file=sys.stderr)

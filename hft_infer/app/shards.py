@@ -115,6 +115,9 @@ def check_shard_count(n: int, cfg: Config, feed_instruments: int) -> None:
                         "\"sub\", ingest.bind = false and ingest.topic_frame = true")
     if not cfg.egress.bind:
         raise UserError("--shards connects a collector to each shard's decision socket: needs egress.bind = true")
+    for field, template in (("egress.endpoint", cfg.egress.endpoint),
+                            ("metrics.control_endpoint", cfg.metrics.control_endpoint)):
+        _per_shard_endpoint(field, template, 0)
 
 
 def shard_layout(target: Target, n: int) -> list[Shard]:
