@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,12 @@ from hft_infer.replay.pacer import constant_rate, encode_feed, poisson_rate, sav
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through drive's cleanup: children stopped, runtime dir removed
+
+
 def main(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)  # e.g. `timeout` (tools/bench_shards.sh)
     out, _stats = run(args)
     if "per_shard" in out:
         from hft_infer.app.shards_report import print_shards, shards_exit_status
