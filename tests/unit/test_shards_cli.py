@@ -71,3 +71,17 @@ def test_the_universe_splits_by_position_into_disjoint_covering_shards():
     owned = [load_config(None, [f"universe.ids={ids}", f"universe.shard_index={i}",
                                 "universe.shard_count=3"]).universe.owned_ids() for i in range(3)]
     assert owned == [[7, 5], [3, 9], [11]]
+
+
+def test_the_harness_takes_cores_beside_all_the_shards():
+    from hft_infer.app.launcher import plan_harness
+
+    cfg = load_config(None, [])
+    shards = list(range(8, 16))
+    plan = plan_harness(cfg, "auto", 4, pool=list(range(16)), service_cores=shards)
+    taken = [plan.pacer_core, *plan.collector_cores]
+    assert len(set(taken)) == 5 and not set(taken) & set(shards)
+    assert plan.service_cores == shards and not set(plan.helper_cores) & (set(taken) | set(shards))
+    assert plan.pacer_spin and plan.collector_spin
+    small = plan_harness(cfg, "auto", 1, pool=[0, 1], service_cores=[0, 1])
+    assert small.pacer_core is None and not small.pacer_spin and not small.collector_spin
