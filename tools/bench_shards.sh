@@ -18,13 +18,14 @@
 # OUTDIR/summary.md, OUTDIR/summary.json) with the scaling efficiency
 # decided/s(4) / (4 x decided/s(1)) per model.
 #
-# Exit status: 0 when every run that started succeeded (skips for the budget are listed, not
-# failures); 1 when a run failed, timed out or lost an event, or nothing ran; 2 on bad usage.
+# Exit status: 0 when every run that started succeeded (skips for the budget, and a last run cut
+# short by it, `cut-budget`, are listed, not failures); 1 when a run failed, timed out at
+# RUN_CAP_S or lost an event, or no run succeeded; 2 on bad usage.
 #
 # Knobs (environment): BUDGET_S=70 (whole script), SHARDS="1 2 4 8", MODELS="lstm_a default",
 # RATE_PER_SHARD=30000 (events/s offered per shard: one lstm_a shard saturates between 30k
 # and 50k/s, BENCHMARKS.md), DURATION=1, WARMUP=0.5 (s per run), INSTRUMENTS=64,
-# RUN_CAP_S=40 (longest single run), MIN_RUN_S=6, PY=python3 (the interpreter that has
+# RUN_CAP_S=40 (longest single run), MIN_RUN_S=12 (no run starts with less left), PY=python3 (has
 # hft_infer, pyzmq and msgspec), CONFIG=configs/gpu.toml, EXTRA_SET (more --set K=V,
 # space-separated, e.g. for a CPU-only test: 'ingest.poll_mode="event" runner.device="cpu"'),
 # CHECK_CORES=1 (0: run every N whatever `nproc` says: a logic test on a small machine).
@@ -46,7 +47,7 @@ DURATION=${DURATION:-1}
 WARMUP=${WARMUP:-0.5}
 INSTRUMENTS=${INSTRUMENTS:-64}
 RUN_CAP_S=${RUN_CAP_S:-40}
-MIN_RUN_S=${MIN_RUN_S:-6}
+MIN_RUN_S=${MIN_RUN_S:-12}
 PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/gpu.toml}
 EXTRA_SET=${EXTRA_SET:-}
@@ -87,6 +88,9 @@ done
 [ ${#order[@]} -gt 0 ] || { echo "bench_shards: nothing to run (MODELS=$MODELS SHARDS=$SHARDS ORDER=$ORDER)" >&2; exit 2; }
 
 failed=0
+run_pid=
+trap 'echo "bench_shards: terminated; stopping the run in progress" >&2; [ -n "$run_pid" ] && kill -TERM "$run_pid";
+      wait; exit 143' TERM INT
 for item in "${order[@]}"; do
   m=${item%%:*}
   n=${item##*:}
@@ -103,22 +107,27 @@ for item in "${order[@]}"; do
     printf '%s\t%s\t%s\tskipped-budget\t-\t%ss left\n' "$m" "$n" "$((n * RATE_PER_SHARD))" "$left" >> "$OUTDIR/runs.tsv"
     continue
   fi
-  limit=$((left - 1 < RUN_CAP_S ? left - 1 : RUN_CAP_S))
+  limit=$((left - 3 < RUN_CAP_S ? left - 3 : RUN_CAP_S))  # 3 s for the summary, inside the budget
   floor=()
   [ "$m" = lstm_a ] && floor=(--with-floor)
   rate=$((n * RATE_PER_SHARD))
   json="$OUTDIR/runs/$name.json"
   t0=$SECONDS
   echo "== $name: $n shard(s), $rate events/s, timeout ${limit}s (+$((SECONDS - START))s of ${BUDGET_S}s)"
+  # in the background so that a TERM to this script (an outer timeout) reaches the run: `timeout`
+  # runs it in a process group of its own, which an outer kill would miss
   # shellcheck disable=SC2086  # margs is a list of words
   timeout -k 3 "$limit" $PY -m hft_infer bench -c "$CONFIG" $margs "${extra[@]}" --shards "$n" "${floor[@]}" \
     --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" --instruments "$INSTRUMENTS" --quiet \
-    --run-dir "$OUTDIR/runs/$name" --json "$json" > "$OUTDIR/runs/$name.out" 2> "$OUTDIR/runs/$name.err"
+    --run-dir "$OUTDIR/runs/$name" --json "$json" > "$OUTDIR/runs/$name.out" 2> "$OUTDIR/runs/$name.err" &
+  run_pid=$!
+  wait "$run_pid"
   rc=$?
+  run_pid=
   took=$((SECONDS - t0))
   case $rc in
     0) state=ok ;;
-    124|137) state=timeout; failed=1 ;;
+    124|137) if [ "$limit" -lt "$RUN_CAP_S" ]; then state=cut-budget; else state=timeout; failed=1; fi ;;
     *) state="exit-$rc"; failed=1 ;;
   esac
   [ "$state" = ok ] || { echo "bench_shards: $name: $state after ${took}s; the end of its stderr:" >&2;

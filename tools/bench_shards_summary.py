@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     (outdir / "summary.md").write_text(text + "\n")
     (outdir / "summary.json").write_text(json.dumps({"runs": rows, "efficiency": eff,
                                                      "budget_s": a.budget, "elapsed_s": a.elapsed}, indent=2))
-    bad = [r for r in rows if r["state"] not in ("ok", "skipped-budget", "skipped-cores")]
+    bad = [r for r in rows if r["state"] not in ("ok", "skipped-budget", "skipped-cores", "cut-budget")]
     for r in bad:
         print(f"bench_shards: {r['model']} N={r['shards']}: {r['state']} {r['note']}", file=sys.stderr)
     if not any(r["state"] == "ok" for r in rows):
