@@ -167,6 +167,9 @@ def run(args: argparse.Namespace):
         check_shard_count(args.shards, cfg, n_inst)
     if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
         raise UserError("--shard-collectors must be >= 1 and needs --shards")
+    if args.shards is not None and args.collectors > 1:
+        raise UserError("--collectors splits one service's topics; with --shards, --shard-collectors K gives "
+                        "K collectors of N/K shards each")
     levels = model_levels(cfg)
     if not args.quiet:
         print(f"bench: generating {n_total:,} synthetic events over {n_inst} instruments ...", file=sys.stderr)

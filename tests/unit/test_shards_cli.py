@@ -30,6 +30,8 @@ def run(*args, tmp_path):
     (["--shards", "2", "--set", 'metrics.control_endpoint="ipc:///tmp/one-control.sock"'],
      "metrics.control_endpoint"),
     (["--shards", "2", "--shard-collectors", "0"], "--shard-collectors must be >= 1 and needs --shards"),
+    (["--shard-collectors", "2"], "--shard-collectors must be >= 1 and needs --shards"),
+    (["--shards", "2", "--collectors", "2"], "with --shards, --shard-collectors K"),
 ])
 def test_bad_shard_options_are_one_line_and_exit_2_before_any_run(args, says, tmp_path):
     r = run(*args, tmp_path=tmp_path)
