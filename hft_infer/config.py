@@ -266,6 +266,8 @@ class SecurityConfig(_Section):
     """Path to the feed publisher's public key (for a connecting ingest socket)."""
     curve_client_secret: str = ""
     """This service's key pair as a CURVE client of the feed (empty = curve_server_secret)."""
+    curve_loopback: bool = False
+    """Use CURVE on loopback tcp endpoints too (with keys set): 127.0.0.1 ports standing for other hosts, or untrusted local users."""
 
 
 class Config(_Section):

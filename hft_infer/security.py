@@ -6,6 +6,10 @@ Policy (DESIGN.md, Operations):
 - A non-loopback endpoint uses CURVE when keys are configured; without keys
   it is refused unless `security.allow_remote = true` (explicit opt-out:
   traffic in clear, anyone who can reach the port may connect).
+- `security.curve_loopback = true` gives loopback tcp endpoints CURVE too
+  (when keys are configured): a rig on one machine whose 127.0.0.1 ports
+  stand for other hosts (tests/integration/test_shards_hosts.py), or a host
+  whose other local users are not trusted. ipc stays plain.
 - This service has one key pair (`security.curve_server_secret`). It is the
   CURVE server on the egress socket (whichever side binds: CURVE roles are
   independent of bind/connect) and on a binding ingest socket; on a
@@ -45,6 +49,13 @@ def _is_local(endpoint: str) -> bool:
         raise _config_error(str(e)) from None
 
 
+def _plain(cfg, endpoint: str) -> bool:
+    """True: this endpoint goes without CURVE (ipc, inproc; loopback tcp unless curve_loopback)."""
+    if not _is_local(endpoint):
+        return False
+    return not (cfg.security.curve_loopback and endpoint.startswith("tcp://"))
+
+
 def _load(what: str, loader, *paths):
     try:
         return loader(*paths)
@@ -61,7 +72,7 @@ def curve_for_egress(cfg):
     """CurveServer for the decision socket when its endpoint is non-loopback and keys are set;
     None otherwise (the socket factory then refuses a remote endpoint unless allow_remote)."""
     sec = cfg.security
-    if _is_local(cfg.egress.endpoint) or not sec.curve_server_secret:
+    if _plain(cfg, cfg.egress.endpoint) or not sec.curve_server_secret:
         return None
     return _load("security.curve_server_secret", load_server_keys, sec.curve_server_secret)
 
@@ -71,7 +82,7 @@ def curve_for_ingest(cfg):
     binding -> CurveServer (publishers connect as clients with our public key);
     connecting -> CurveClient of the feed (needs security.curve_feed_public)."""
     sec = cfg.security
-    if _is_local(cfg.ingest.endpoint):
+    if _plain(cfg, cfg.ingest.endpoint):
         return None
     if cfg.ingest.bind:
         if not sec.curve_server_secret:
@@ -80,7 +91,7 @@ def curve_for_ingest(cfg):
     if not sec.curve_feed_public:
         if sec.curve_server_secret and not sec.allow_remote:
             raise _config_error(
-                f"ingest.endpoint {cfg.ingest.endpoint} is remote: set security.curve_feed_public "
+                f"ingest.endpoint {cfg.ingest.endpoint} takes CURVE: set security.curve_feed_public "
                 "(the feed's public key) or security.allow_remote = true")
         return None
     secret = _client_secret(cfg)
@@ -94,7 +105,7 @@ def serves_curve(cfg) -> bool:
     sec = cfg.security
     if not sec.curve_server_secret:
         return False
-    return (not _is_local(cfg.egress.endpoint)) or (cfg.ingest.bind and not _is_local(cfg.ingest.endpoint))
+    return (not _plain(cfg, cfg.egress.endpoint)) or (cfg.ingest.bind and not _plain(cfg, cfg.ingest.endpoint))
 
 
 def start_authenticator(ctx, cfg):

@@ -1,7 +1,7 @@
 """The collector process: receive decision-socket frames and timestamp them, nothing else.
 
-    python -m hft_infer.replay.collector_proc --endpoint EP --out FRAMES.npz [--subscribe HEX]...
-        [--capacity N] [--core C] [--io-cores 1,2] [--spin] [--no-topic-frame]
+    python -m hft_infer.replay.collector_proc --endpoint EP [--endpoint EP2]... --out FRAMES.npz
+        [--subscribe HEX]... [--capacity N] [--core C] [--io-cores 1,2] [--spin] [--no-topic-frame]
 
 Per frame it does two recv calls (topic, payload), one CLOCK_MONOTONIC read
 right after the first, and two stores into preallocated lists; nothing is
@@ -9,6 +9,13 @@ decoded during the run (hft_infer.replay.collector decodes the file
 afterwards). `--spin` busy-polls (a core of its own); without it the process
 blocks in zmq_poll and is woken by the frame, which is what a machine without
 spare cores can afford (the wake-up is part of what it measures).
+
+Several `--endpoint`s (the decision sockets of several shards, `bench
+--shards`): one SUB socket per endpoint, so that every frame is known by the
+endpoint it came from (a Status carries no shard id); the conditions below
+then hold for every endpoint, and --out also records each frame's endpoint
+index (`load_sources`). An empty socket costs one failed recv per pass, so
+one collector serves a few shards, not dozens.
 
 Replies on stdout (replay.child): `ready` when the first Status arrives (the
 subscription has reached the service, so no later decision can be missed);
@@ -38,10 +45,17 @@ COMMAND_CHECK_NS = 1_000_000
 CHECK_EVERY_FRAMES = 1024  # a busy stream never raises Again: look at the commands anyway
 
 
-def save_frames(path: str, frames: list, recv_ns: list) -> None:
+def save_frames(path: str, frames: list, recv_ns: list, source: np.ndarray | None = None) -> None:
     lengths = np.fromiter((len(f) for f in frames), dtype=np.uint32, count=len(frames))
     np.savez(path, recv_ns=np.asarray(recv_ns, dtype=np.int64), payload_len=lengths,
-             payload_blob=np.frombuffer(b"".join(frames), dtype=np.uint8))
+             payload_blob=np.frombuffer(b"".join(frames), dtype=np.uint8),
+             source=np.zeros(len(frames), np.uint16) if source is None else source.astype(np.uint16))
+
+
+def load_sources(path: str) -> np.ndarray:
+    """Per frame of `load_frames(path)`: the index of the --endpoint it came from."""
+    with np.load(path) as z:
+        return z["source"].astype(np.int64) if "source" in z.files else np.zeros(z["recv_ns"].size, np.int64)
 
 
 def load_frames(path: str) -> tuple[list[bytes], np.ndarray]:
@@ -96,7 +110,7 @@ class Receiver:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="collector_proc")
-    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--endpoint", action="append", required=True, help="repeatable: one SUB socket each")
     ap.add_argument("--out", required=True)
     ap.add_argument("--subscribe", action="append", default=None, metavar="HEX",
                     help="topic prefix in hex (repeatable; default: everything)")
@@ -109,24 +123,34 @@ def main(argv: list[str] | None = None) -> int:
     set_timer_slack()
     ctx = zmq_context(parse_cores(a.io_cores))
     placed = pin_self(a.core)
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, 0)  # never drop: a slow collector must show, not lose
-    sock.setsockopt(zmq.LINGER, 0)
-    for topic in a.subscribe if a.subscribe is not None else [""]:
-        sock.setsockopt(zmq.SUBSCRIBE, bytes.fromhex(topic))
-    connect(sock, a.endpoint)
+    socks = []
+    for endpoint in a.endpoint:
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 0)  # never drop: a slow collector must show, not lose
+        sock.setsockopt(zmq.LINGER, 0)
+        for topic in a.subscribe if a.subscribe is not None else [""]:
+            sock.setsockopt(zmq.SUBSCRIBE, bytes.fromhex(topic))
+        connect(sock, endpoint)
+        socks.append(sock)
     log(f"collector: {'spin' if a.spin else 'block'}, {placed}, io cores {a.io_cores or '-'}, "
-        f"{len(a.subscribe) if a.subscribe is not None else 'all'} topic(s)")
-    rx = Receiver(sock, topic_frame=not a.no_topic_frame, capacity=max(a.capacity, 1024))
+        f"{len(a.subscribe) if a.subscribe is not None else 'all'} topic(s), {len(socks)} endpoint(s)")
+    capacity = max(a.capacity // len(socks), 1024)
+    rxs = [Receiver(sock, topic_frame=not a.no_topic_frame, capacity=capacity) for sock in socks]
+    rx = rxs[0]
     commands = Commands()
     poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
     poller.register(commands.fd, zmq.POLLIN)
     ready = False
     waiting = None  # (what, argument, deadline_ns) of the command being answered
     next_check = 0
     while True:
-        rx.drain()
+        if len(rxs) == 1:
+            rx.drain()
+        else:
+            for r in rxs:
+                r.drain()
         now = perf_ns()
         if now < next_check:
             if a.spin:
@@ -134,20 +158,22 @@ def main(argv: list[str] | None = None) -> int:
             # blocking: sleep in zmq_poll until a frame, a command or the next check is due
             timeout_ms = 10 if waiting is not None and waiting[0] == "quiet" else 100
             events = dict(poller.poll(timeout_ms))
-            if sock in events and commands.fd not in events:
+            if events and commands.fd not in events:
                 continue
             now = perf_ns()
         next_check = now + COMMAND_CHECK_NS  # also while frames never stop coming
         lines = commands.poll(0)
-        if not ready and rx.status_at:
+        if not ready and all(r.status_at for r in rxs):
             reply("ready")
             ready = True
         for line in lines:
             words = line.split()
             if words[0] == "stop":
-                save_frames(a.out, rx.frames[:rx.n], rx.times[:rx.n])
-                reply("done", rx.n)
-                log(f"collector: {rx.n} frames")
+                n = sum(r.n for r in rxs)
+                save_frames(a.out, sum((r.frames[:r.n] for r in rxs), []), sum((r.times[:r.n] for r in rxs), []),
+                            np.repeat(np.arange(len(rxs)), [r.n for r in rxs]))
+                reply("done", n)
+                log(f"collector: {n} frames")
                 return 0
             if words[0] == "exit":
                 return 0
@@ -155,21 +181,25 @@ def main(argv: list[str] | None = None) -> int:
                 # quiet since the later of the last frame and the command
                 waiting = ("quiet", (now, int(float(words[1]) * 1e9)), now + int(float(words[2]) * 1e9))
             elif words[0] == "final":
-                waiting = ("final", 0, now + int(float(words[1]) * 1e9))  # arg: first Status not yet looked at
+                # arg: per endpoint, the first Status not yet looked at (-1: its final one has come)
+                waiting = ("final", [0] * len(rxs), now + int(float(words[1]) * 1e9))
             elif words[0] == "status":
-                waiting = ("status", rx.n, now + int(float(words[1]) * 1e9))
+                waiting = ("status", [r.n for r in rxs], now + int(float(words[1]) * 1e9))
         if commands.eof:
             return 0
         if waiting is not None:
             what, arg, deadline = waiting
             if what == "quiet":
                 since, quiet_ns = arg
-                done = now - max(since, rx.times[rx.n - 1] if rx.n else 0) >= quiet_ns
+                done = now - max([since] + [r.times[r.n - 1] for r in rxs if r.n]) >= quiet_ns
             elif what == "final":
-                done = any((s := rx.status(i)) is not None and s.final for i in rx.status_at[arg:])
-                waiting = (what, len(rx.status_at), deadline)  # look at each Status once
+                for k, r in enumerate(rxs):  # look at each Status once
+                    if arg[k] >= 0:
+                        got = any((s := r.status(i)) is not None and s.final for i in r.status_at[arg[k]:])
+                        arg[k] = -1 if got else len(r.status_at)
+                done = all(x < 0 for x in arg)
             else:
-                done = any(i >= arg for i in rx.status_at)
+                done = all(any(i >= first for i in r.status_at) for r, first in zip(rxs, arg))
             if done or now > deadline:
                 reply(what if done else f"{what} timeout")
                 waiting = None

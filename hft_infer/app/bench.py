@@ -7,7 +7,9 @@ time (constant or Poisson at --rate); a pacer process sends it and collector
 processes receive the decisions (hft_infer.app.drive, shared with `replay`).
 `--null-service` measures the harness floor instead (hft_infer.app.null_service);
 `--with-floor` measures the floor first and then the service, with the same
-feed and placement, and reports both.
+feed and placement, and reports both. `--shards N` runs N services (or null
+services) on the one feed, one shard of the universe each
+(hft_infer.app.shards).
 
 CLI level: may use `replay` (the service core may not).
 """
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,8 +35,20 @@ from hft_infer.replay.pacer import constant_rate, encode_feed, poisson_rate, sav
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through drive's cleanup: children stopped, runtime dir removed
+
+
 def main(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)  # e.g. `timeout` (tools/bench_shards.sh)
     out, _stats = run(args)
+    if "per_shard" in out:
+        from hft_infer.app.shards_report import print_shards, shards_exit_status
+
+        print_shards(out)
+        if args.json:
+            print(f"json: {args.json}")
+        return shards_exit_status(out, "bench")
     what = "the null service (harness floor)" if out["service"] == "null" else \
         f"engine={out['engine']}, model={out['model_version']}"
     print_result(out, f"hft-infer bench — {out['rate_offered']:g} events/s offered, {out['rate_achieved']:,.0f} "
@@ -98,8 +113,9 @@ def model_levels(cfg: Config) -> int:
 
 
 def run_with_floor(load: Load, target: Target, run_dir: Path, *, with_floor: bool, label: str, quiet: bool,
-                   harness: HarnessOptions, extra: dict):
-    """One drive, or the null service's floor and then the target with the same feed file."""
+                   harness: HarnessOptions, extra: dict, drive=drive):
+    """One drive, or the null service's floor and then the target with the same feed file
+    (`drive`: hft_infer.app.drive.drive or a function with its signature and result)."""
     if not with_floor:
         return drive(load, target, run_dir, quiet=quiet, label=label, extra=extra, harness=harness)
     keep = private_runtime_dir(f"hft-{label}-feed-")
@@ -119,7 +135,8 @@ def run_with_floor(load: Load, target: Target, run_dir: Path, *, with_floor: boo
         shutil.rmtree(keep, ignore_errors=True)
     floor.pop("config", None)  # the same as the service's
     out["floor"] = floor
-    out["vs_floor"] = floor_ratios(floor, out)
+    out["vs_floor"] = floor_ratios(floor["aggregate"], out["aggregate"]) if "aggregate" in out else \
+        floor_ratios(floor, out)
     return out, stats, result
 
 
@@ -144,6 +161,15 @@ def run(args: argparse.Namespace):
     n_total = n_warm + int(args.rate * args.duration)
     if n_total < 1:
         raise UserError(f"--rate {args.rate:g} x --duration {args.duration:g} s is less than one event")
+    if args.shards is not None:
+        from hft_infer.app.shards import check_shard_count
+
+        check_shard_count(args.shards, cfg, n_inst)
+    if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
+        raise UserError("--shard-collectors must be >= 1 and needs --shards")
+    if args.shards is not None and args.collectors > 1:
+        raise UserError("--collectors splits one service's topics; with --shards, --shard-collectors K gives "
+                        "K collectors of N/K shards each")
     levels = model_levels(cfg)
     if not args.quiet:
         print(f"bench: generating {n_total:,} synthetic events over {n_inst} instruments ...", file=sys.stderr)
@@ -157,10 +183,16 @@ def run(args: argparse.Namespace):
                             f"{'Poisson' if args.poisson else 'constant'} arrivals")
     target = Target(cfg, args.config, list(args.overrides), start_service=True, null=args.null_service,
                     null_egress=args.null_egress, null_delay_us=args.null_delay_us)
+    driver = drive
+    if args.shards is not None:
+        from hft_infer.app.shards import drive_shards
+
+        def driver(load, target, run_dir, **kw):
+            return drive_shards(load, target, args.shards, run_dir, collectors=args.shard_collectors, **kw), None, None
     out, stats, _ = run_with_floor(load, target, run_dir, with_floor=args.with_floor, label="bench",
                                    quiet=args.quiet, harness=HarnessOptions(args.pacer, args.collectors),
                                    extra={"rate_offered": args.rate, "duration_s": args.duration,
-                                          "warmup_s": args.warmup, "instruments": n_inst})
+                                          "warmup_s": args.warmup, "instruments": n_inst}, drive=driver)
     text = json.dumps(out, indent=2)
     (run_dir / "summary.json").write_text(text)
     if args.json:

@@ -230,7 +230,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                 raise
             raise UserError(f"no service answered on the config's endpoints within 30 s ({e}): is `hft-infer "
                             f"serve` running with this config?") from None
-        seen = _placed_hot_cores(service.log_path) if service is not None else None
+        seen = placed_hot_cores(service.log_path) if service is not None else None
         if seen is not None and set(seen) & ({plan.pacer_core} | set(plan.collector_cores)) - {None}:
             say(f"{label}: warning: the service placed itself on core(s) {seen}, which the harness expected "
                 f"free (planned {plan.service_cores}): the measurement shares cores")
@@ -247,10 +247,10 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                             if progress is not None and ln.startswith("progress") else None)
         if progress:
             progress.done(int(done[pacer].split()[1]))
-        wait_replies(_send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
+        wait_replies(send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
         if service is not None:
             service.proc.terminate()
-            got = wait_replies(_send_all(collectors[:1], "final", 30.0), 40.0, on_idle=lambda: stats and stats.poll())
+            got = wait_replies(send_all(collectors[:1], "final", 30.0), 40.0, on_idle=lambda: stats and stats.poll())
             if got[collectors[0]] != "final":
                 say(f"{label}: warning: no final Status from the service within 30 s")
             service.wait_exit(30.0)
@@ -262,8 +262,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                     break
                 time.sleep(0.05)
         else:
-            wait_replies(_send_all(collectors[:1], "status", 5.0), 10.0)
-        wait_replies(_send_all(collectors, "stop"), 120.0)
+            wait_replies(send_all(collectors[:1], "status", 5.0), 10.0)
+        wait_replies(send_all(collectors, "stop"), 120.0)
         with np.load(os.path.join(work, "pacer.npz")) as z:
             intended_all, actual, sent_frames = z["intended"], z["actual"], int(z["sent"])
             elapsed_s = float(z["elapsed_s"])
@@ -337,7 +337,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     return out, stats, result
 
 
-def _placed_hot_cores(log_path: Path) -> list[int] | None:
+def placed_hot_cores(log_path: Path) -> list[int] | None:
     """The hot core(s) the child service reports in its placement block (None: no block)."""
     try:
         m = re.search(r"placement: mode=\S+ .*? hot=(\S+)", log_path.read_text(errors="replace"))
@@ -348,7 +348,7 @@ def _placed_hot_cores(log_path: Path) -> list[int] | None:
     return [] if m.group(1) == "-" else parse_cpulist(m.group(1))
 
 
-def _send_all(children: list[Child], *words) -> dict[Child, str]:
+def send_all(children: list[Child], *words) -> dict[Child, str]:
     for child in children:
         child.send(*words)
     return {child: str(words[0]) if words[0] != "stop" else "done" for child in children}

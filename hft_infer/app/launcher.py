@@ -171,7 +171,7 @@ MIN_CORES_TO_PIN = 4  # service + pacer + collector + one for I/O threads and ev
 
 
 def plan_harness(cfg: Config, pacer_choice: str = "auto", collectors: int = 1,
-                 pool: list[int] | None = None) -> HarnessPlan:
+                 pool: list[int] | None = None, service_cores: list[int] | None = None) -> HarnessPlan:
     """Pick the pacer's and the collectors' cores, away from the service's.
 
     With MIN_CORES_TO_PIN or more usable cores (this process's affinity mask,
@@ -181,11 +181,13 @@ def plan_harness(cfg: Config, pacer_choice: str = "auto", collectors: int = 1,
     collectors spin and the pacer spins unless --pacer sleep; the rest are
     helper cores. With fewer: nothing is pinned, the pacer sleeps (unless
     --pacer spin) and the collectors block in poll, so that no two processes
-    spin on a machine that cannot give each its own core.
+    spin on a machine that cannot give each its own core. `service_cores`: the
+    hot cores of several services (the shards of `bench --shards`), instead of
+    the one that `cfg` places.
     """
     pool = sorted(os.sched_getaffinity(0) if pool is None else pool)
-    service: list[int] = []
-    if cfg.cpu.cores != "none":
+    service: list[int] = sorted(set(service_cores or []))
+    if service_cores is None and cfg.cpu.cores != "none":
         plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index, use_torch=False)
         service = list(plan.hot_cores)
     free = [c for c in pool if c not in service]

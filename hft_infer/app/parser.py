@@ -69,6 +69,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", metavar="DIR", help="keep the service's histograms and logs here")
     p.add_argument("--seed", type=int, default=1)
     add_harness_arguments(p)
+    p.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="run N services on the one feed, as `serve --shard I/N` (each on the core that its [cpu] "
+                        "placement gives slot I, its endpoints named <service.name>-sI); print a table per shard "
+                        "and for all of them together")
+    p.add_argument("--shard-collectors", type=int, default=None, metavar="K",
+                   help="with --shards: decision collector processes, each serving N/K shards (default: as many "
+                        "as get a core of their own, dividing N; 1 on small machines)")
     p.add_argument("--quiet", action="store_true", help="no live progress display")
 
 

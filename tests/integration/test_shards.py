@@ -1,0 +1,76 @@
+"""bench --shards: N real `serve --shard I/N` (or null service) processes behind one feed, every
+event accounted for in exactly one shard (real processes and sockets; nothing spins: event polling,
+the pacer sleeps and the collectors block on the 2-core dev machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from hft_infer.replay.synthetic import SyntheticConfig, generate
+
+EVENT_POLL = ["--set", 'ingest.poll_mode="event"']
+
+
+def bench(*args, tmp_path, timeout=300):
+    out = tmp_path / "out.json"
+    r = subprocess.run([sys.executable, "-m", "hft_infer", "bench", *args, *EVENT_POLL, "--quiet",
+                        "--run-dir", str(tmp_path / "run"), "--json", str(out)],
+                       capture_output=True, text=True, timeout=timeout)
+    return r, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def expected_per_shard(n_events: int, n_inst: int, rate: float, shards: int, seed: int = 1) -> list[int]:
+    """Events of each shard in bench's feed: instrument position % shards (ids are 0..n-1)."""
+    ev = generate(n_events, SyntheticConfig(instruments=n_inst, seed=seed, rate_hz=rate))
+    return [int(np.count_nonzero(ev["instrument"] % shards == k)) for k in range(shards)]
+
+
+def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float) -> None:
+    per = out["per_shard"]
+    assert [p["shard"] for p in per] == [f"{k}/{shards}" for k in range(shards)]
+    assert [p["accounting"]["sent"] for p in per] == expected_per_shard(n_events, n_inst, rate, shards)
+    for p in per:
+        acc = p["accounting"]
+        # every event of the shard ends in one outcome, in this shard; no answer from another shard
+        assert acc["lost"] == 0 and p["unmatched_decisions"] == 0 and p["duplicates"] == 0, p
+        assert acc["decided"] + acc["shed"] + acc["conflated"] + acc["rejected"] == acc["sent"] == acc["received"]
+        assert p["service_exit_code"] == 0
+    agg = out["aggregate"]["accounting"]
+    assert agg["sent"] == n_events and agg["lost"] == 0 and agg["unowned"] == 0
+    for k in ("decided", "shed", "conflated", "rejected"):
+        assert agg[k] == sum(p["accounting"][k] for p in per)
+    assert out["aggregate"]["tick_to_decision"]["count"] == sum(p["tick_to_decision"]["count"] for p in per)
+
+
+def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one(tmp_path):
+    rate, dur, warm, n_inst = 1500, 1.0, 0.5, 6
+    r, out = bench("--shards", "2", "--with-floor", "--rate", str(rate), "--duration", str(dur), "--warmup",
+                   str(warm), "--instruments", str(n_inst), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = int(rate * warm) + int(rate * dur)
+    check_split(out, 2, n, n_inst, rate)
+    check_split(out["floor"], 2, n, n_inst, rate)
+    assert out["service"] == "child" and out["floor"]["service"] == "null"
+    for p in out["per_shard"]:
+        assert p["engine"] == "eager" and p["stages"]["service"]["count"] > 0  # its own control endpoint
+        assert (tmp_path / "run" / f"shard{p['shard'][0]}" / "service.log").exists()
+    assert out["aggregate"]["stages"]["service"]["count"] == sum(p["stages"]["service"]["count"]
+                                                                 for p in out["per_shard"])
+    assert set(out["vs_floor"]) == {"p50_us", "p99_us", "p999_us"}
+    text = r.stdout
+    assert "hft-infer bench --shards 2" in text and "floor: the null service in 2 shard(s)" in text
+    assert "\nall " in text and "service / floor" in text
+
+
+def test_three_null_shards_with_a_collector_each(tmp_path):
+    rate, dur, n_inst = 2000, 1.0, 7
+    r, out = bench("--shards", "3", "--null-service", "--shard-collectors", "3", "--rate", str(rate),
+                   "--duration", str(dur), "--warmup", "0", "--instruments", str(n_inst), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_split(out, 3, int(rate * dur), n_inst, rate)
+    assert out["harness"]["collectors"] == 3 and out["harness"]["shards_per_collector"] == [1, 1, 1]
+    assert [p["instruments"] for p in out["per_shard"]] == [3, 2, 2]
