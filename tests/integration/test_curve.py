@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,7 +220,16 @@ def test_a_second_authenticator_on_one_context_is_a_clear_error(zctx, keys):
             ZapAuthenticator(zctx, str(authorized)).start()
     finally:
         first.stop()
-    ZapAuthenticator(zctx, str(authorized)).start().stop()  # the endpoint is free again
+    # the endpoint is free again: libzmq releases an inproc name once its reaper thread has
+    # closed the socket, asynchronously, so a start right after stop() may still find it taken
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            ZapAuthenticator(zctx, str(authorized)).start().stop()
+            break
+        except CurveKeyError:
+            assert time.monotonic() < deadline, "the ZAP endpoint stayed bound after stop()"
+            time.sleep(0.01)
 
 
 def test_ingest_connects_to_a_curve_feed_as_its_client(zctx, keys, tmp_path):
