@@ -62,6 +62,21 @@ class FeatureStore:
     def write_quote(self, slot: int, book, n_levels: int) -> int:
         """Copy a quote's packed book into the slot's next row; returns the row's position."""
         pos = self.count[slot]
+        self.write_quote_at(slot, pos, book, n_levels)
+        self.count[slot] = pos + 1
+        return pos
+
+    def write_trade(self, slot: int, price: float, signed_size: float) -> int:
+        """Next row = the slot's last book + trade price and signed size; returns its position."""
+        pos = self.count[slot]
+        self.write_trade_at(slot, pos, price, signed_size)
+        self.count[slot] = pos + 1
+        return pos
+
+    # The ingest's burst path (ingest.py) takes the positions first (it bumps `count` as it
+    # accepts events) and writes the rows when the burst is handled: these leave `count` alone.
+
+    def write_quote_at(self, slot: int, pos: int, book, n_levels: int) -> None:
         off = slot * self._slot_bytes + (pos % self.depth) * self._row_bytes
         nbytes = n_levels * BYTES_PER_LEVEL
         full = self._book_bytes
@@ -72,12 +87,9 @@ class FeatureStore:
         else:
             mv[off:off + nbytes] = book
             mv[off + nbytes:off + self._row_bytes] = self._zeros[nbytes:]
-        self.count[slot] = pos + 1
-        return pos
 
-    def write_trade(self, slot: int, price: float, signed_size: float) -> int:
-        """Next row = the slot's last book + trade price and signed size; returns its position."""
-        pos = self.count[slot]
+    def write_trade_at(self, slot: int, pos: int, price: float, signed_size: float) -> None:
+        """Row `pos` = row `pos - 1`'s book (zeros at 0) + the trade: row pos - 1 must be written."""
         rb = self._row_bytes
         off = slot * self._slot_bytes + (pos % self.depth) * rb
         mv = self._bytes
@@ -88,8 +100,16 @@ class FeatureStore:
         else:
             mv[off:off + full] = self._zeros[:full]
         _TRADE_FIELDS.pack_into(mv, off + full, price, signed_size)
-        self.count[slot] = pos + 1
-        return pos
+
+    def write_books(self, slots: list[int], positions: list[int], books: np.ndarray, index: list[int]) -> None:
+        """Rows (slots[j], positions[j]) = books[index[j]] (the model's levels, float32) with zero
+        trade fields, in two numpy calls: for a burst, where a memoryview copy per row costs
+        more. No two (slot, position) pairs may share a ring row (at most `depth` rows per slot)."""
+        s = np.asarray(slots, dtype=np.intp)
+        p = np.asarray(positions, dtype=np.intp) % self.depth
+        nb = books.shape[1]
+        self.array[s, p, :nb] = books[index]
+        self.array[s, p, nb:] = 0.0
 
     def row(self, slot: int, position: int) -> np.ndarray:
         """A copy of one row (tests, debugging)."""
