@@ -242,17 +242,17 @@ class Ingest(IngestColdPaths):
         touched_append = self._touched.append
         q_slot, q_pos, q_i = self._q_slot.append, self._q_pos.append, self._q_i.append
         t_slot, t_pos, t_i = self._t_slot.append, self._t_pos.append, self._t_i.append
+        sized = bulk  # every quote's book is book_bytes long (checked over the burst above)
         events = k
-        for i in range(k):
-            msg = msgs[i]
+        for i, msg in enumerate(msgs):
             typ = type(msg)
             if typ is Quote:
                 slot = slot_of_get(msg.instrument, -1)
                 seq = msg.seq
                 ts_send = msg.ts_send_ns
                 prio = msg.priority
-                if (slot < 0 or msg.n_levels != levels or len(msg.book) != book_bytes or seq < 0 or prio < -1
-                        or not 0 <= ts_send < TS_LIMIT or (check_topic and tops[i] != topics[slot])):
+                if (slot < 0 or msg.n_levels != levels or (not sized and len(msg.book) != book_bytes) or seq < 0
+                        or prio < -1 or not 0 <= ts_send < TS_LIMIT or (check_topic and tops[i] != topics[slot])):
                     if not self._quote_slow(msg, slot, tops[i], recvs[i], offset):
                         continue
                 elif badl is not None:

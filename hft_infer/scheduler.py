@@ -30,7 +30,10 @@ turn comes is shed (answered SHED/STALE). Conflating models skip the step for
 it; sequential ones still run it (a stateful model's state needs every row)
 but the decision is withheld and answered SHED. Events that are already stale
 on arrival are handled by the ingest (hft_infer/ingest.py): shed at once under
-conflation, queued as apply-only (`stale=True`) in sequential mode.
+conflation, queued as apply-only (`stale=True`) in sequential mode. Under
+conflation the ingest also conflates within each burst it reads: only an
+instrument's newest event of the burst is pushed, with `superseded` = the
+older ones, which this scheduler counts as conflated like its own.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
