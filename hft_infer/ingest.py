@@ -60,11 +60,12 @@ from hft_infer.clock import perf_ns
 from hft_infer.ingest_cold import IngestColdPaths
 from hft_infer.scheduler import NO_REQUEST
 from hft_infer.transport.codec import FLOAT_LIMIT, TS_LIMIT, IngressDecoder, _high_byte_masks, topic_for
-from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Quote, Reason, Trade
+from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Outcome, Quote, Reason, Trade
 
 # plain ints: enum flags build an enum per use
 _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
+SHED = int(Outcome.SHED)
 STALE, QUEUE_FULL, NON_FINITE, OVERSIZED = (int(Reason.STALE), int(Reason.QUEUE_FULL), int(Reason.NON_FINITE),
                                             int(Reason.OVERSIZED))
 BULK_MIN = 16  # events (or quotes to write) from which numpy's per-call cost (~1-3 µs) pays
@@ -357,10 +358,10 @@ class Ingest(IngestColdPaths):
         b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
         max_age = self.max_age_ns
         class_q, class_t = self.class_q, self.class_t
+        stale: list[int] = []  # slots whose trigger is shed STALE: answered together below
         for slot in self._touched:
             i = b_last[slot]
             superseded = b_n[slot] - 1
-            b_n[slot] = 0
             msg = msgs[i]
             t_recv = recvs[i]
             ts_send = msg.ts_send_ns
@@ -370,19 +371,45 @@ class Ingest(IngestColdPaths):
                     origin = t_recv
             else:
                 origin = t_recv
-            if t_recv - origin > max_age:
-                reason = STALE  # already past its deadline: no request, no step
-            else:
-                prio = msg.priority
-                table = class_q if type(msg) is Quote else class_t
-                cls = table[slot] if prio < 0 else self._class(prio, slot, table)
-                if push(slot, b_pos[slot], msg.seq, cls, t_recv, origin, ts_send, False, superseded) != NO_REQUEST:
-                    continue
-                reason = QUEUE_FULL
-            if superseded:
-                sched.count_conflated(superseded)
-            self._shed(reason, slot, msg.seq, ts_send, t_recv, offset, superseded)
+            if t_recv - origin > max_age:  # already past its deadline: no request, no step
+                stale.append(slot)
+                continue
+            b_n[slot] = 0
+            prio = msg.priority
+            table = class_q if type(msg) is Quote else class_t
+            cls = table[slot] if prio < 0 else self._class(prio, slot, table)
+            if push(slot, b_pos[slot], msg.seq, cls, t_recv, origin, ts_send, False, superseded) == NO_REQUEST:
+                if superseded:
+                    sched.count_conflated(superseded)
+                self._shed(QUEUE_FULL, slot, msg.seq, ts_send, t_recv, offset, superseded)
         self._touched.clear()
+        if stale:
+            self._shed_stale(stale)
+
+    def _shed_stale(self, slots: list[int]) -> None:
+        """Shed STALE the newest event of each of `slots` (and count its superseded ones as
+        conflated), answering them as columns: under overload this is every burst's lot."""
+        msgs, recvs, offset = self._msgs, self._recvs, self._offset
+        b_n, b_last = self._b_n, self._b_last
+        idx = [b_last[s] for s in slots]
+        nconf = [b_n[s] - 1 for s in slots]
+        for s in slots:
+            b_n[s] = 0
+        self.sched.count_conflated(sum(nconf))
+        n = len(slots)
+        self.acct.shed_some(STALE, n)
+        if self.publish_shed:
+            a = self.answers
+            ids = self.ids
+            a.inst.extend([ids[s] for s in slots])
+            a.seq.extend([msgs[i].seq for i in idx])
+            a.status.extend([SHED] * n)
+            a.reason.extend([STALE] * n)
+            a.action.extend([0] * n)
+            a.score.extend([0.0] * n)
+            a.nconf.extend(nconf)
+            a.ts_send.extend([msgs[i].ts_send_ns for i in idx])
+            a.ts_recv.extend([recvs[i] + offset for i in idx])
 
     def _decode_each(self, pays: list, recvs: list[int], offset: int) -> list:
         """Cold: a frame of the burst is not our schema; decode one by one, None where one fails
