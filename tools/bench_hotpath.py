@@ -102,6 +102,9 @@ class Rig:
         finally:
             service_module.Ingest = own
         self.svc.warm_up()
+        # as Service.run does: freeze what survived set-up and collect only young objects, at
+        # reset (the service's housekeeping); automatic collections mid-burst are not what it runs
+        self.svc.heap.freeze()
         subs = 0
         while subs < N_INST + 1 and self.pub.poll(5000):
             subs += self.pub.recv()[:1] == b"\x01"
@@ -126,8 +129,10 @@ class Rig:
         svc.egress.answers.clear()
         svc.store.reset_slots(range(svc.n_slots))
         svc.ingest.last_seq[:] = [-1] * svc.n_slots
+        svc.heap.collect_young()
 
     def close(self) -> None:
+        self.svc.heap.restore()
         self.svc.close()
         self.pub.close(0)
         self.ctx.term()
