@@ -221,9 +221,8 @@ class Ingest(IngestColdPaths):
             books = [m.book if type(m) is Quote else zb for m in msgs]
             if set(map(len, books)) == {book_bytes}:  # rows line up: every book has the model's shape
                 words = np.frombuffer(b"".join(books), dtype="<u4").reshape(k, -1)
-                bad = (words >= _BAD_HIGH).any(axis=1)
-                if bad.any():
-                    badl = bad.tolist()
+                if words.max() >= _BAD_HIGH:  # one reduction; which rows only when some are bad
+                    badl = (words >= _BAD_HIGH).any(axis=1).tolist()
                 self._books = words.view("<f4")
             else:
                 bulk = False
