@@ -11,7 +11,10 @@ Writes are byte copies through a memoryview of the ring (~0.3 us for a
 tools/bench_hotpath.py): a quote's packed float32 block is already in the
 row layout, so `write_quote` is one memcpy from the receive buffer plus
 zero-fill of the missing levels and trade fields. A trade row repeats the
-instrument's last book and sets the two trade fields.
+instrument's last book and sets the two trade fields. The ingest's burst path
+takes positions as it accepts events and writes a chunk's rows afterwards
+(`write_*_at`, and `write_books`: one numpy fancy assignment for the quotes of
+a chunk, cheaper than a copy each from about 16 rows).
 
 The ring memory is allocated by torch so that the same buffer can be pinned
 for a GPU engine (and read in place by its kernels through the UVA mapping);
@@ -52,6 +55,7 @@ class FeatureStore:
         self.tensor = torch.zeros((n_slots + 1, depth, self.width), dtype=torch.float32,
                                   pin_memory=pin_memory)
         self.array = self.tensor.numpy()  # same memory
+        self._flat = self.array.reshape(-1, self.width)  # a view: row index = slot * depth + pos % depth
         self._bytes = memoryview(self.array).cast("B")
         self._row_bytes = self.width * 4
         self._slot_bytes = depth * self._row_bytes
@@ -103,13 +107,14 @@ class FeatureStore:
 
     def write_books(self, slots: list[int], positions: list[int], books: np.ndarray, index: list[int]) -> None:
         """Rows (slots[j], positions[j]) = books[index[j]] (the model's levels, float32) with zero
-        trade fields, in two numpy calls: for a burst, where a memoryview copy per row costs
-        more. No two (slot, position) pairs may share a ring row (at most `depth` rows per slot)."""
-        s = np.asarray(slots, dtype=np.intp)
-        p = np.asarray(positions, dtype=np.intp) % self.depth
-        nb = books.shape[1]
-        self.array[s, p, :nb] = books[index]
-        self.array[s, p, nb:] = 0.0
+        trade fields: the rows built in one array and stored with one fancy assignment, for a
+        burst (from ~16 rows this costs less than a memoryview copy each: ~240 against ~750
+        ns/row at 64 on the dev VM). No two (slot, position) pairs may share a ring row (at
+        most `depth` rows per slot)."""
+        rows = np.zeros((len(index), self.width), np.float32)
+        rows[:, :books.shape[1]] = books[index]
+        depth = self.depth
+        self._flat[np.asarray(slots, dtype=np.intp) * depth + np.asarray(positions, dtype=np.intp) % depth] = rows
 
     def row(self, slot: int, position: int) -> np.ndarray:
         """A copy of one row (tests, debugging)."""
