@@ -10,10 +10,8 @@ needs and the rest is done once per burst:
    time. Framing anomalies are counted at once (below).
 2. decode: one `map` of the typed msgspec decoder over the payloads (the book stays a
    memoryview into the frame); if any frame fails, the burst is decoded frame by frame and
-   each failure rejected with its reason. (One msgspec call over the burst, the payloads
-   framed as one msgpack array, was measured too: it saves ~50 ns/event, but proving that
-   the array's elements are the frames -- an empty frame followed by one holding two
-   messages decodes as two good elements -- takes a Raw pass that costs ~190 ns/event.)
+   each failure rejected with its reason. (One msgspec call over the burst framed as one
+   msgpack array cannot tell frame boundaries: docs/notes/ingest.md says what it cost.)
 3. handle, per chunk of at most the ring depth (so that no slot's ring wraps within one):
    from 16 events on, when every quote's book has the model's size, the NaN/sign check of
    every book is one numpy max() over the chunk's books joined (a float32 whose high byte is
@@ -62,12 +60,11 @@ from hft_infer.clock import perf_ns
 from hft_infer.ingest_cold import IngestColdPaths
 from hft_infer.scheduler import NO_REQUEST
 from hft_infer.transport.codec import FLOAT_LIMIT, TS_LIMIT, IngressDecoder, _high_byte_masks, topic_for
-from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Outcome, Quote, Reason, Trade
+from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Quote, Reason, Trade
 
 # plain ints: enum flags build an enum per use
 _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
-SHED = int(Outcome.SHED)
 STALE, QUEUE_FULL, NON_FINITE, OVERSIZED = (int(Reason.STALE), int(Reason.QUEUE_FULL), int(Reason.NON_FINITE),
                                             int(Reason.OVERSIZED))
 # events (or quotes to write) from which numpy's per-call cost pays: write_books costs ~2.4 /
@@ -200,7 +197,9 @@ class Ingest(IngestColdPaths):
             except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError: not our schema
                 msgs = self._decode_each(pays, recvs, offset)
             chunk = self._chunk
-            if k <= chunk:
+            if k == 1:  # the usual burst below saturation: no chunk machinery (same outcome)
+                events += self._handle_one(msgs[0], tops[0], recvs[0], offset)
+            elif k <= chunk:
                 events += self._handle(msgs, tops, recvs, offset)
             else:
                 for c in range(0, k, chunk):
@@ -322,6 +321,74 @@ class Ingest(IngestColdPaths):
         self._flush_burst()
         return events
 
+    def _handle_one(self, msg, top, t_recv: int, offset: int) -> int:
+        """A burst of one frame: what `_handle` does for a chunk of one, without the lists.
+        Returns the events in it (0 or 1)."""
+        typ = type(msg)
+        if typ is Quote:
+            slot = self.slot_of.get(msg.instrument, -1)
+            seq = msg.seq
+            ts_send = msg.ts_send_ns
+            prio = msg.priority
+            if (slot < 0 or msg.n_levels != self.levels or len(msg.book) != self.levels * BYTES_PER_LEVEL or seq < 0
+                    or prio < -1 or not 0 <= ts_send < TS_LIMIT or (top is not None and top != self.topics[slot])):
+                if not self._quote_slow(msg, slot, top, t_recv, offset):
+                    return 1
+            else:
+                m80, m7f, m01 = self._masks
+                x = int.from_bytes(msg.book, "little")
+                if x & m80 or ((x & m7f) + m01) & m80:
+                    self._reject(NON_FINITE, msg.instrument, seq, t_recv, offset, ts_send)
+                    return 1
+            table = self.class_q
+        elif typ is Trade:
+            slot = self.slot_of.get(msg.instrument, -1)
+            seq = msg.seq
+            ts_send = msg.ts_send_ns
+            prio = msg.priority
+            side = msg.side
+            if (slot < 0 or not (0.0 <= msg.price < FLOAT_LIMIT and 0.0 <= msg.size < FLOAT_LIMIT)
+                    or (side != 1 and side != -1) or seq < 0 or prio < -1 or not 0 <= ts_send < TS_LIMIT
+                    or (top is not None and top != self.topics[slot])):
+                self._trade_slow(msg, slot, top, t_recv, offset)
+                return 1
+            table = self.class_t
+        elif msg is None:  # failed to decode: rejected with its reason already (an event)
+            return 1
+        else:
+            self._msgs, self._recvs, self._offset = [msg], [t_recv], offset  # a Reset flushes "the chunk"
+            return 1 - self._not_an_event(msg, typ, t_recv, offset)
+        last_seq = self.last_seq
+        last = last_seq[slot]
+        if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, t_recv, offset, ts_send):
+            return 1
+        last_seq[slot] = seq
+        if ts_send:  # the deadline's origin, as in _handle
+            origin = ts_send - offset
+            if origin > t_recv:
+                origin = t_recv
+        else:
+            origin = t_recv
+        stale = t_recv - origin > self.max_age_ns
+        cls = table[slot] if prio < 0 else self._class(prio, slot, table)
+        store = self.store
+        pos = store.count[slot]
+        sched = self.sched
+        if sched.sequential:
+            if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:
+                self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
+                return 1
+        elif stale:
+            self._shed(STALE, slot, seq, ts_send, t_recv, offset)
+        elif sched.push(slot, pos, seq, cls, t_recv, origin, ts_send) == NO_REQUEST:
+            self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)
+        store.count[slot] = pos + 1
+        if typ is Quote:
+            store.write_quote_at(slot, pos, msg.book, self.levels)
+        else:
+            store.write_trade_at(slot, pos, msg.price, msg.size * side)
+        return 1
+
     def _flush_burst(self) -> None:
         """Write the rows accepted so far in this chunk, then (conflating) queue or shed the
         newest event of each slot they touched. Also called by cold paths mid-chunk."""
@@ -388,41 +455,3 @@ class Ingest(IngestColdPaths):
         self._touched.clear()
         if stale:
             self._shed_stale(stale)
-
-    def _shed_stale(self, slots: list[int]) -> None:
-        """Shed STALE the newest event of each of `slots` (and count its superseded ones as
-        conflated), answering them as columns: under overload this is every burst's lot."""
-        msgs, recvs, offset = self._msgs, self._recvs, self._offset
-        b_n, b_last = self._b_n, self._b_last
-        idx = [b_last[s] for s in slots]
-        nconf = [b_n[s] - 1 for s in slots]
-        for s in slots:
-            b_n[s] = 0
-        self.sched.count_conflated(sum(nconf))
-        n = len(slots)
-        self.acct.shed_some(STALE, n)
-        if self.publish_shed:
-            a = self.answers
-            ids = self.ids
-            a.inst.extend([ids[s] for s in slots])
-            a.seq.extend([msgs[i].seq for i in idx])
-            a.status.extend([SHED] * n)
-            a.reason.extend([STALE] * n)
-            a.action.extend([0] * n)
-            a.score.extend([0.0] * n)
-            a.nconf.extend(nconf)
-            a.ts_send.extend([msgs[i].ts_send_ns for i in idx])
-            a.ts_recv.extend([recvs[i] + offset for i in idx])
-
-    def _decode_each(self, pays: list, recvs: list[int], offset: int) -> list:
-        """Cold: a frame of the burst is not our schema; decode one by one, None where one fails
-        (rejected here with its reason)."""
-        decode = self._decode
-        out = []
-        for payload, t_recv in zip(pays, recvs):
-            try:
-                out.append(decode(payload))
-            except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError
-                self._undecodable(payload, t_recv, offset)
-                out.append(None)
-        return out

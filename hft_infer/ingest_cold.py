@@ -5,7 +5,9 @@ event: none raises, none is silent.
 
 A mixin of `Ingest`: it reads the state that Ingest.__init__ sets, and calls
 `Ingest._flush_burst` before anything that must see the burst's earlier events queued (a Reset,
-a quote of another number of levels, which takes the general write path).
+a quote of another number of levels, which takes the general write path). Also here: the
+per-frame decode of a burst in which a frame failed, and the column answers of the STALE
+triggers of a chunk (under overload, every burst's lot).
 """
 
 from __future__ import annotations
@@ -41,6 +43,44 @@ _peek = msgspec.msgpack.Decoder().decode  # untyped: names the instrument/seq of
 
 
 class IngestColdPaths:
+    def _decode_each(self, pays: list, recvs: list[int], offset: int) -> list:
+        """Cold: a frame of the burst is not our schema; decode one by one, None where one fails
+        (rejected here with its reason)."""
+        decode = self._decode
+        out = []
+        for payload, t_recv in zip(pays, recvs):
+            try:
+                out.append(decode(payload))
+            except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError
+                self._undecodable(payload, t_recv, offset)
+                out.append(None)
+        return out
+
+    def _shed_stale(self, slots: list[int]) -> None:
+        """Shed STALE the newest event of each of `slots` (and count its superseded ones as
+        conflated), answering them as columns: under overload this is every burst's lot."""
+        msgs, recvs, offset = self._msgs, self._recvs, self._offset
+        b_n, b_last = self._b_n, self._b_last
+        idx = [b_last[s] for s in slots]
+        nconf = [b_n[s] - 1 for s in slots]
+        for s in slots:
+            b_n[s] = 0
+        self.sched.count_conflated(sum(nconf))
+        n = len(slots)
+        self.acct.shed_some(STALE, n)
+        if self.publish_shed:
+            a = self.answers
+            ids = self.ids
+            a.inst.extend([ids[s] for s in slots])
+            a.seq.extend([msgs[i].seq for i in idx])
+            a.status.extend([SHED] * n)
+            a.reason.extend([STALE] * n)
+            a.action.extend([0] * n)
+            a.score.extend([0.0] * n)
+            a.nconf.extend(nconf)
+            a.ts_send.extend([msgs[i].ts_send_ns for i in idx])
+            a.ts_recv.extend([recvs[i] + offset for i in idx])
+
     def _class(self, prio: int, slot: int, table: list[int]) -> int:
         if not self.honour_priority:
             return table[slot]
