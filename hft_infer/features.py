@@ -11,7 +11,10 @@ Writes are byte copies through a memoryview of the ring (~0.3 us for a
 tools/bench_hotpath.py): a quote's packed float32 block is already in the
 row layout, so `write_quote` is one memcpy from the receive buffer plus
 zero-fill of the missing levels and trade fields. A trade row repeats the
-instrument's last book and sets the two trade fields.
+instrument's last book and sets the two trade fields. The ingest's burst path
+takes positions as it accepts events and writes a chunk's rows afterwards
+(`write_*_at`, and `write_books`: one numpy fancy assignment for the quotes of
+a chunk, cheaper than a copy each from about 16 rows).
 
 The ring memory is allocated by torch so that the same buffer can be pinned
 for a GPU engine (and read in place by its kernels through the UVA mapping);
@@ -52,6 +55,7 @@ class FeatureStore:
         self.tensor = torch.zeros((n_slots + 1, depth, self.width), dtype=torch.float32,
                                   pin_memory=pin_memory)
         self.array = self.tensor.numpy()  # same memory
+        self._flat = self.array.reshape(-1, self.width)  # a view: row index = slot * depth + pos % depth
         self._bytes = memoryview(self.array).cast("B")
         self._row_bytes = self.width * 4
         self._slot_bytes = depth * self._row_bytes
@@ -62,6 +66,21 @@ class FeatureStore:
     def write_quote(self, slot: int, book, n_levels: int) -> int:
         """Copy a quote's packed book into the slot's next row; returns the row's position."""
         pos = self.count[slot]
+        self.write_quote_at(slot, pos, book, n_levels)
+        self.count[slot] = pos + 1
+        return pos
+
+    def write_trade(self, slot: int, price: float, signed_size: float) -> int:
+        """Next row = the slot's last book + trade price and signed size; returns its position."""
+        pos = self.count[slot]
+        self.write_trade_at(slot, pos, price, signed_size)
+        self.count[slot] = pos + 1
+        return pos
+
+    # The ingest's burst path (ingest.py) takes the positions first (it bumps `count` as it
+    # accepts events) and writes the rows when the burst is handled: these leave `count` alone.
+
+    def write_quote_at(self, slot: int, pos: int, book, n_levels: int) -> None:
         off = slot * self._slot_bytes + (pos % self.depth) * self._row_bytes
         nbytes = n_levels * BYTES_PER_LEVEL
         full = self._book_bytes
@@ -72,12 +91,9 @@ class FeatureStore:
         else:
             mv[off:off + nbytes] = book
             mv[off + nbytes:off + self._row_bytes] = self._zeros[nbytes:]
-        self.count[slot] = pos + 1
-        return pos
 
-    def write_trade(self, slot: int, price: float, signed_size: float) -> int:
-        """Next row = the slot's last book + trade price and signed size; returns its position."""
-        pos = self.count[slot]
+    def write_trade_at(self, slot: int, pos: int, price: float, signed_size: float) -> None:
+        """Row `pos` = row `pos - 1`'s book (zeros at 0) + the trade: row pos - 1 must be written."""
         rb = self._row_bytes
         off = slot * self._slot_bytes + (pos % self.depth) * rb
         mv = self._bytes
@@ -88,8 +104,17 @@ class FeatureStore:
         else:
             mv[off:off + full] = self._zeros[:full]
         _TRADE_FIELDS.pack_into(mv, off + full, price, signed_size)
-        self.count[slot] = pos + 1
-        return pos
+
+    def write_books(self, slots: list[int], positions: list[int], books: np.ndarray, index: list[int]) -> None:
+        """Rows (slots[j], positions[j]) = books[index[j]] (the model's levels, float32) with zero
+        trade fields: the rows built in one array and stored with one fancy assignment, for a
+        burst (from ~16 rows this costs less than a memoryview copy each: ~240 against ~750
+        ns/row at 64 on the dev VM). No two (slot, position) pairs may share a ring row (at
+        most `depth` rows per slot)."""
+        rows = np.zeros((len(index), self.width), np.float32)
+        rows[:, :books.shape[1]] = books[index]
+        depth = self.depth
+        self._flat[np.asarray(slots, dtype=np.intp) * depth + np.asarray(positions, dtype=np.intp) % depth] = rows
 
     def row(self, slot: int, position: int) -> np.ndarray:
         """A copy of one row (tests, debugging)."""

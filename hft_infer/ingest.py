@@ -1,87 +1,79 @@
-"""The ingest: drain a burst of frames, validate, write feature rows, queue requests.
+"""The ingest: drain a burst of frames, then validate, write feature rows and queue it as a burst.
 
-`Ingest.drain(max_frames)` reads until the socket is empty (`zmq.Again`, one
-exception per burst) or `max_frames` frames were read, and handles each frame
-inline with hoisted locals: no per-event attribute chains, method calls or
-allocations on the fast path, which is a Quote or Trade of the model's shape
-whose instrument is known, fresh and next in sequence. Everything else takes
-a cold branch that says why (`_reject`, `_framing`, `_sequence`, ...).
+`Ingest.drain(max_frames)` works in three phases, so that the per-event Python is what the data
+needs and the rest is done once per burst:
 
-Per frame (topic framing on):
+1. read: a tight recv loop until the socket is empty (`zmq.Again`, one exception per burst) or
+   `max_frames` frames were read. Per message: recv topic (4 bytes, bytes) and payload (a
+   zmq.Frame, whose .more recv read in C: getsockopt(RCVMORE) costs ~1.3 µs in pyzmq 27, the
+   Frame ~0.5 µs, tools/bench_hotpath.py), the framing checks, the size limit, the receive
+   time. Framing anomalies are counted at once (below).
+2. decode: one `map` of the typed msgspec decoder over the payloads (the book stays a
+   memoryview into the frame); if any frame fails, the burst is decoded frame by frame and
+   each failure rejected with its reason. (One msgspec call over the burst framed as one
+   msgpack array cannot tell frame boundaries: docs/notes/ingest.md says what it cost.)
+3. handle, per chunk of at most the ring depth (so that no slot's ring wraps within one):
+   from 16 events on, when every quote's book has the model's size, the NaN/sign check of
+   every book is one numpy max() over the chunk's books joined (a float32 whose high byte is
+   >= 0x7F: NaN, inf, negative, >= 2**127; the rows only when one is bad; the per-event
+   big-int check of transport/codec.py, used below 16, costs ~0.4-0.6 µs); then the loop:
+   type, instrument, the inlined `codec.validate_quote/trade` checks, topic == instrument's
+   topic, sequence (next -> fast; a gap is counted and accepted; 0 after more is a publisher
+   restart; anything else not above the last is OUT_OF_ORDER). An accepted event takes the
+   slot's next ring position at once; the rows are written when the chunk is done (the
+   quotes with one numpy assignment where the books were checked together and there are
+   16 or more, else a memoryview copy each; then the trades in feed order: a trade repeats
+   the row before it, which is then written).
 
-    recv topic (4 bytes; else: a message without a topic frame -> BAD_FRAMING)
-    recv payload as a zmq.Frame, whose .more recv read in C (a third frame ->
-        BAD_FRAMING, drained); getsockopt(RCVMORE) costs ~1.3 µs in pyzmq 27 (it
-        builds a SocketOption enum per call), the Frame ~0.5 µs (tools/bench_hotpath.py)
-    decode (msgspec, typed; the book stays a memoryview into the frame)
-    checks (the inlined `codec.validate_quote/trade`), topic == instrument's topic
-    sequence: next -> fast; a gap is counted and accepted; 0 after more is a
-        publisher restart; anything else not above the last is OUT_OF_ORDER
-    deadline origin: the publisher's ts_send_ns if present, else receive time;
-        an event already older than scheduler.max_age_us is *stale*
-    conflating models: write the row (the window needs it); a stale event is
-        shed STALE at once (nothing queued), a fresh one queued or conflated
-    sequential models: queue first (no room -> QUEUE_FULL, row NOT written, so
-        the model's state never has a hole it does not know about), then write
-        the row; a stale event is queued as apply-only (decision withheld)
+Conflating models: only the newest accepted event of each instrument in a chunk can lead
+to a decision. The older ones end as CONFLATED (counted by the scheduler, carried in the
+newest one's n_conflated, not answered on their own), after their rows were written (the
+window reads them). The newest is judged against its deadline -- from the publisher's
+ts_send_ns if present, else its receive time -- and is queued (replacing or joining the
+slot's pending request, as conflation in the scheduler does), or shed STALE at once (with
+its n_conflated) if it is already older than scheduler.max_age_us. So past the service's
+capacity a stale or superseded event costs its read, decode, checks and its share of one
+numpy row write, and no scheduler push, answer or model step.
 
-Framing costs one RCVMORE flag read per message (after the payload), and stays
-exact: a lone frame that is not 4 bytes, a lone 4-byte frame with nothing
-behind it (recv raises Again), and a lone 4-byte frame followed by a message
-(the "payload" is then a 4-byte frame with more behind it: that message's
-topic) are each one BAD_FRAMING, and the message after it is read normally;
-a third frame makes a message BAD_FRAMING and is drained. The one ambiguity
-left: a lone 4-byte frame followed by another lone 4-byte frame reads as one
-[topic, payload] message.
+Sequential (stateful) models: every accepted event is queued in order, at once (no room ->
+QUEUE_FULL, its row NOT written and its position not taken, so the model's state never has
+a hole it does not know about); a stale one is queued apply-only (decision withheld).
 
-Cost is measured per burst (the `ingest` stage: mean receive->queued time of
-the burst's events, one sample per burst) and in tools/bench_hotpath.py.
+Framing costs one RCVMORE flag read per message (after the payload), and stays exact: a lone
+frame that is not 4 bytes, a lone 4-byte frame with nothing behind it (recv raises Again),
+and a lone 4-byte frame followed by a message (the "payload" is then a 4-byte frame with more
+behind it: that message's topic) are each one BAD_FRAMING, and the message after it is read
+normally; a third frame makes a message BAD_FRAMING and is drained. The one ambiguity left: a
+lone 4-byte frame followed by another lone 4-byte frame reads as one [topic, payload] message.
+
+Cost is measured per burst (the `ingest` stage: mean receive->queued time of the burst's
+events, one sample per burst) and in tools/bench_hotpath.py. The cold branches are in
+ingest_cold.py.
 """
 
 from __future__ import annotations
 
-import msgspec
+import numpy as np
 import zmq
 
 from hft_infer.clock import perf_ns
+from hft_infer.ingest_cold import IngestColdPaths
 from hft_infer.scheduler import NO_REQUEST
-from hft_infer.transport.codec import (
-    FLOAT_LIMIT,
-    TS_LIMIT,
-    IngressDecoder,
-    _high_byte_masks,
-    topic_for,
-    validate_quote,
-    validate_trade,
-)
-from hft_infer.transport.schema import (
-    ALL_INSTRUMENTS,
-    BYTES_PER_LEVEL,
-    MAX_INSTRUMENT_ID,
-    TAG_DECISION,
-    TAG_DECISION_BATCH,
-    TAG_QUOTE,
-    TAG_STATUS,
-    TAG_TRADE,
-    Heartbeat,
-    Kind,
-    Outcome,
-    Quote,
-    Reason,
-    Reset,
-    Trade,
-)
+from hft_infer.transport.codec import FLOAT_LIMIT, TS_LIMIT, IngressDecoder, _high_byte_masks, topic_for
+from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Quote, Reason, Trade
 
 # plain ints: enum flags build an enum per use
-_NOBLOCK, _RCVMORE, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.RCVMORE), int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
-SHED, REJECTED = int(Outcome.SHED), int(Outcome.REJECTED)
-STALE, QUEUE_FULL = int(Reason.STALE), int(Reason.QUEUE_FULL)
-_U64_LIMIT = 1 << 64
-_peek = msgspec.msgpack.Decoder().decode  # untyped: names the instrument/seq of a frame that failed
+STALE, QUEUE_FULL, NON_FINITE, OVERSIZED = (int(Reason.STALE), int(Reason.QUEUE_FULL), int(Reason.NON_FINITE),
+                                            int(Reason.OVERSIZED))
+# events (or quotes to write) from which numpy's per-call cost pays: write_books costs ~2.4 /
+# 0.96 / 0.61 / 0.31 µs per row at 4 / 8 / 16 / 64 rows against ~0.6-0.9 for a memoryview copy
+BULK_MIN = 16
+_BAD_HIGH = 0x7F000000  # a little-endian float32 with a high byte >= 0x7F is >= this as a uint32
 
 
-class Ingest:
+class Ingest(IngestColdPaths):
     """Owns the ingest socket's drain loop; writes into the feature store and the scheduler it
     is given and answers through `answers` (egress.Answers)."""
 
@@ -112,41 +104,49 @@ class Ingest:
         self.last_seq = [-1] * len(instrument_ids)
         self._decode = IngressDecoder().decode
         self._masks = _high_byte_masks(model_levels)
+        self._zero_book = bytes(model_levels * BYTES_PER_LEVEL)
+        self._chunk = store.depth  # events handled together: no slot's ring wraps within a chunk
         self.burst_ns = 0  # receive -> queued time of the last burst, per event (the `ingest` stage)
+        # the chunk being handled: its decoded messages, receive times, the rows to write and,
+        # conflating, each touched slot's newest event (index, position) and accepted count
+        n = len(instrument_ids)
+        self._b_n = [0] * n
+        self._b_last = [0] * n
+        self._b_pos = [0] * n
+        self._touched: list[int] = []
+        self._q_slot: list[int] = []
+        self._q_pos: list[int] = []
+        self._q_i: list[int] = []
+        self._t_slot: list[int] = []
+        self._t_pos: list[int] = []
+        self._t_i: list[int] = []
+        self._msgs: list = []
+        self._recvs: list[int] = []
+        self._books: np.ndarray | None = None
+        self._offset = 0
 
     # ------------------------------------------------------------------ hot path
 
     def drain(self, max_frames: int) -> int:
         """Read and handle up to `max_frames` frames; returns how many were read."""
         sock = self.sock
-        recv, get = sock.recv, sock.get
-        decode = self._decode
-        slot_of_get = self.slot_of.get
-        topics = self.topics
-        topic_frame = self.topic_frame
-        max_frame = self.max_frame_bytes
-        levels = self.levels
-        book_bytes = levels * BYTES_PER_LEVEL
-        m80, m7f, m01 = self._masks
-        from_bytes = int.from_bytes
-        store = self.store
-        count = store.count
-        write_quote, write_trade = store.write_quote, store.write_trade
-        sched = self.sched
-        push = sched.push
-        sequential = sched.sequential
-        last_seq = self.last_seq
-        max_age = self.max_age_ns
-        class_q, class_t = self.class_q, self.class_t
+        get = sock.get
         # Readiness: an EVENTS check costs a fraction of the zmq.Again exception a recv on an
         # empty socket raises (tools/bench_hotpath.py), so an idle loop checks first, and so
         # does each of the first messages of a burst; a longer burst reads until Again.
         if not get(_EVENTS) & _POLLIN:
             return 0
+        recv = sock.recv
+        topic_frame = self.topic_frame
+        max_frame = self.max_frame_bytes
         offset = self.clock.sync()  # epoch = mono + offset; re-read once per burst (clock.py says why)
-        events = 0
+        tops: list = []
+        pays: list = []
+        recvs: list[int] = []
+        tops_append, pays_append, recvs_append = tops.append, pays.append, recvs.append
+        events = 0  # counted on this phase's cold branches
         n = 0
-        t_first = 0
+        t_first = perf_ns()
         while n < max_frames:
             if 0 < n < 3 and not get(_EVENTS) & _POLLIN:
                 break
@@ -156,250 +156,302 @@ class Ingest:
                 first = recv(_NOBLOCK, topic_frame)
             except zmq.Again:
                 break
-            t_recv = perf_ns()
-            if n == 0:
-                t_first = t_recv
             n += 1
             if topic_frame:
                 if len(first) != 4:
-                    events += self._framing(first, None, t_recv, offset)
+                    events += self._framing(first, None, perf_ns(), offset)
                     continue
                 try:
                     payload = recv(_NOBLOCK, False)  # a Frame: .more was read by recv, in C
                 except zmq.Again:  # the 4-byte frame was a whole message
-                    events += self._framing(first, None, t_recv, offset)
+                    events += self._framing(first, None, perf_ns(), offset)
                     continue
                 if payload.more:
                     if len(payload) != 4:  # a third frame: the message is malformed (drained)
-                        events += self._framing(first, payload, t_recv, offset)
+                        events += self._framing(first, payload, perf_ns(), offset)
                         continue
                     # `first` was a whole 4-byte message and `payload` is the next one's topic
-                    events += self._framing(first, None, t_recv, offset)
+                    events += self._framing(first, None, perf_ns(), offset)
                     first = payload.bytes
                     payload = recv(_NOBLOCK, False)  # libzmq delivers a message's frames together
                     if payload.more:
-                        events += self._framing(first, payload, t_recv, offset)
+                        events += self._framing(first, payload, perf_ns(), offset)
                         continue
             else:
-                payload = first  # a Frame (read with copy=False, below)
+                payload = first  # a Frame (read with copy=False, above)
                 first = None  # no topic frame to check
                 if payload.more:
-                    events += self._framing(None, payload, t_recv, offset)
+                    events += self._framing(None, payload, perf_ns(), offset)
                     continue
-            events += 1
             if len(payload) > max_frame:
-                self._reject(Reason.OVERSIZED, None, None, t_recv, offset)
+                events += 1
+                self._reject(OVERSIZED, None, None, perf_ns(), offset)
                 continue
+            tops_append(first)
+            pays_append(payload)
+            recvs_append(perf_ns())
+        k = len(pays)
+        if k:
             try:
-                msg = decode(payload)
+                msgs = list(map(self._decode, pays))
             except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError: not our schema
-                events -= self._undecodable(payload, t_recv, offset)
-                continue
-            typ = type(msg)
-            if typ is Quote:
-                slot = slot_of_get(msg.instrument, -1)
-                book = msg.book
-                seq = msg.seq
-                ts_send = msg.ts_send_ns
-                prio = msg.priority
-                if (slot < 0 or msg.n_levels != levels or len(book) != book_bytes or seq < 0 or prio < -1
-                        or not 0 <= ts_send < TS_LIMIT or (first is not None and first != topics[slot])):
-                    if not self._quote_slow(msg, slot, first, t_recv, offset):
-                        continue
-                else:
-                    x = from_bytes(book, "little")
-                    if x & m80 or ((x & m7f) + m01) & m80:
-                        self._reject(Reason.NON_FINITE, msg.instrument, seq, t_recv, offset, ts_send)
-                        continue
-                cls = class_q[slot] if prio < 0 else self._class(prio, slot, class_q)
-                kind_quote = True
-            elif typ is Trade:
-                slot = slot_of_get(msg.instrument, -1)
-                seq = msg.seq
-                ts_send = msg.ts_send_ns
-                prio = msg.priority
-                price, size, side = msg.price, msg.size, msg.side
-                if (slot < 0 or not (0.0 <= price < FLOAT_LIMIT and 0.0 <= size < FLOAT_LIMIT)
-                        or (side != 1 and side != -1) or seq < 0 or prio < -1 or not 0 <= ts_send < TS_LIMIT
-                        or (first is not None and first != topics[slot])):
-                    self._trade_slow(msg, slot, first, t_recv, offset)
-                    continue
-                cls = class_t[slot] if prio < 0 else self._class(prio, slot, class_t)
-                kind_quote = False
+                msgs = self._decode_each(pays, recvs, offset)
+            chunk = self._chunk
+            if k == 1:  # the usual burst below saturation: no chunk machinery (same outcome)
+                events += self._handle_one(msgs[0], tops[0], recvs[0], offset)
+            elif k <= chunk:
+                events += self._handle(msgs, tops, recvs, offset)
             else:
-                events -= self._not_an_event(msg, typ, t_recv, offset)
-                continue
-            last = last_seq[slot]
-            if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, t_recv, offset, ts_send):
-                continue
-            last_seq[slot] = seq
-            # deadline origin (perf_counter_ns): the publisher's send time when it gave one
-            if ts_send:
-                origin = ts_send - offset
-                if origin > t_recv:  # a publisher clock ahead of ours: count from receipt
-                    origin = t_recv
-            else:
-                origin = t_recv
-            stale = t_recv - origin > max_age
-            pos = count[slot]
-            if sequential:
-                if push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:
-                    self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
-                    continue
-                if kind_quote:
-                    write_quote(slot, book, levels)
-                else:
-                    write_trade(slot, price, size * side)
-            else:
-                if kind_quote:
-                    write_quote(slot, book, levels)
-                else:
-                    write_trade(slot, price, size * side)
-                if stale:
-                    self._shed(STALE, slot, seq, ts_send, t_recv, offset)
-                elif push(slot, pos, seq, cls, t_recv, origin, ts_send) == NO_REQUEST:
-                    self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)
+                for c in range(0, k, chunk):
+                    events += self._handle(msgs[c:c + chunk], tops[c:c + chunk], recvs[c:c + chunk], offset)
         if n:
             self.acct.received += events
             self.burst_ns = (perf_ns() - t_first) // n
         return n
 
-    def _class(self, prio: int, slot: int, table: list[int]) -> int:
-        if not self.honour_priority:
-            return table[slot]
-        return prio if prio <= self.max_class else self.max_class
+    def _handle(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
+        """Validate, sequence and take positions for a chunk, then write and queue it; returns
+        the events in it (frames that are not events, heartbeats and resets, are not)."""
+        k = len(msgs)
+        self._msgs, self._recvs, self._offset = msgs, recvs, offset
+        levels = self.levels
+        book_bytes = levels * BYTES_PER_LEVEL
+        bulk = k >= BULK_MIN
+        badl = None
+        self._books = None
+        if bulk:
+            zb = self._zero_book
+            books = [m.book if type(m) is Quote else zb for m in msgs]
+            if set(map(len, books)) == {book_bytes}:  # rows line up: every book has the model's shape
+                words = np.frombuffer(b"".join(books), dtype="<u4").reshape(k, -1)
+                if words.max() >= _BAD_HIGH:  # one reduction; which rows only when some are bad
+                    badl = (words >= _BAD_HIGH).any(axis=1).tolist()
+                self._books = words.view("<f4")
+            else:
+                bulk = False
+        slot_of_get = self.slot_of.get
+        topics = self.topics
+        check_topic = self.topic_frame
+        m80, m7f, m01 = self._masks
+        from_bytes = int.from_bytes
+        count = self.store.count
+        last_seq = self.last_seq
+        sched = self.sched
+        sequential = sched.sequential
+        push = sched.push
+        max_age = self.max_age_ns
+        class_q, class_t = self.class_q, self.class_t
+        b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
+        touched_append = self._touched.append
+        q_slot, q_pos, q_i = self._q_slot.append, self._q_pos.append, self._q_i.append
+        t_slot, t_pos, t_i = self._t_slot.append, self._t_pos.append, self._t_i.append
+        sized = bulk  # every quote's book is book_bytes long (checked over the burst above)
+        events = k
+        for i, msg in enumerate(msgs):
+            typ = type(msg)
+            if typ is Quote:
+                slot = slot_of_get(msg.instrument, -1)
+                seq = msg.seq
+                ts_send = msg.ts_send_ns
+                prio = msg.priority
+                if (slot < 0 or msg.n_levels != levels or (not sized and len(msg.book) != book_bytes) or seq < 0
+                        or prio < -1 or not 0 <= ts_send < TS_LIMIT or (check_topic and tops[i] != topics[slot])):
+                    if not self._quote_slow(msg, slot, tops[i], recvs[i], offset):
+                        continue
+                elif badl is not None:
+                    if badl[i]:
+                        self._reject(NON_FINITE, msg.instrument, seq, recvs[i], offset, ts_send)
+                        continue
+                elif not bulk:
+                    x = from_bytes(msg.book, "little")
+                    if x & m80 or ((x & m7f) + m01) & m80:
+                        self._reject(NON_FINITE, msg.instrument, seq, recvs[i], offset, ts_send)
+                        continue
+            elif typ is Trade:
+                slot = slot_of_get(msg.instrument, -1)
+                seq = msg.seq
+                ts_send = msg.ts_send_ns
+                prio = msg.priority
+                side = msg.side
+                if (slot < 0 or not (0.0 <= msg.price < FLOAT_LIMIT and 0.0 <= msg.size < FLOAT_LIMIT)
+                        or (side != 1 and side != -1) or seq < 0 or prio < -1 or not 0 <= ts_send < TS_LIMIT
+                        or (check_topic and tops[i] != topics[slot])):
+                    self._trade_slow(msg, slot, tops[i], recvs[i], offset)
+                    continue
+            elif msg is None:  # failed to decode: rejected with its reason already (an event)
+                continue
+            else:
+                events -= self._not_an_event(msg, typ, recvs[i], offset)
+                continue
+            last = last_seq[slot]
+            if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, recvs[i], offset, ts_send):
+                continue
+            last_seq[slot] = seq
+            pos = count[slot]
+            if sequential:
+                t_recv = recvs[i]
+                # deadline origin (perf_counter_ns): the publisher's send time when it gave one
+                if ts_send:
+                    origin = ts_send - offset
+                    if origin > t_recv:  # a publisher clock ahead of ours: count from receipt
+                        origin = t_recv
+                else:
+                    origin = t_recv
+                table = class_q if typ is Quote else class_t
+                cls = table[slot] if prio < 0 else self._class(prio, slot, table)
+                if push(slot, pos, seq, cls, t_recv, origin, ts_send, t_recv - origin > max_age) == NO_REQUEST:
+                    self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
+                    continue
+            else:
+                nb = b_n[slot]
+                if not nb:
+                    touched_append(slot)
+                b_n[slot] = nb + 1
+                b_last[slot] = i
+                b_pos[slot] = pos
+            count[slot] = pos + 1
+            if typ is Quote:
+                q_slot(slot)
+                q_pos(pos)
+                q_i(i)
+            else:
+                t_slot(slot)
+                t_pos(pos)
+                t_i(i)
+        self._flush_burst()
+        return events
 
-    # ------------------------------------------------------------------ cold paths
-
-    def _quote_slow(self, msg: Quote, slot: int, topic, t_recv: int, offset: int) -> bool:
-        """A quote off the fast path's shape: the general checks; True if it is usable."""
-        reason = validate_quote(msg, self.max_levels)
-        if not reason:
-            if slot < 0:
-                reason = Reason.UNKNOWN_INSTRUMENT
-            elif topic is not None and topic != self.topics[slot]:
-                reason = Reason.TOPIC_MISMATCH
-        if reason:
-            self._reject(reason, msg.instrument, msg.seq, t_recv, offset, msg.ts_send_ns)
-            return False
-        if msg.n_levels != self.levels:  # fewer levels (zero-filled) or more (cut): the store handles both
-            self._event_other_levels(msg, slot, t_recv, offset)
-            return False
-        return True
-
-    def _event_other_levels(self, msg: Quote, slot: int, t_recv: int, offset: int) -> None:
-        """A valid quote with another number of levels than the model's (rare: a generic path)."""
-        last = self.last_seq[slot]
-        if msg.seq != last + 1 and last >= 0 and not self._sequence(slot, msg.seq, last, t_recv, offset,
-                                                                     msg.ts_send_ns):
-            return
-        self.last_seq[slot] = msg.seq
-        self._queue_and_write(slot, msg, t_recv, offset,
-                              lambda: self.store.write_quote(slot, msg.book, msg.n_levels), KIND_QUOTE)
-
-    def _trade_slow(self, msg: Trade, slot: int, topic, t_recv: int, offset: int) -> None:
-        reason = validate_trade(msg)
-        if not reason:
-            if slot < 0:
-                reason = Reason.UNKNOWN_INSTRUMENT
-            elif topic is not None and topic != self.topics[slot]:
-                reason = Reason.TOPIC_MISMATCH
-            else:  # unreachable: the fast path's checks are validate_trade's
-                raise AssertionError(f"trade passed validate_trade but not the fast path: {msg!r}")
-        self._reject(reason, msg.instrument, msg.seq, t_recv, offset, msg.ts_send_ns)
-
-    def _queue_and_write(self, slot: int, msg, t_recv: int, offset: int, write, kind: int) -> None:
-        ts_send = msg.ts_send_ns
-        origin = min(ts_send - offset, t_recv) if ts_send else t_recv
+    def _handle_one(self, msg, top, t_recv: int, offset: int) -> int:
+        """A burst of one frame: what `_handle` does for a chunk of one, without the lists.
+        Returns the events in it (0 or 1)."""
+        typ = type(msg)
+        if typ is Quote:
+            slot = self.slot_of.get(msg.instrument, -1)
+            seq = msg.seq
+            ts_send = msg.ts_send_ns
+            prio = msg.priority
+            if (slot < 0 or msg.n_levels != self.levels or len(msg.book) != self.levels * BYTES_PER_LEVEL or seq < 0
+                    or prio < -1 or not 0 <= ts_send < TS_LIMIT or (top is not None and top != self.topics[slot])):
+                if not self._quote_slow(msg, slot, top, t_recv, offset):
+                    return 1
+            else:
+                m80, m7f, m01 = self._masks
+                x = int.from_bytes(msg.book, "little")
+                if x & m80 or ((x & m7f) + m01) & m80:
+                    self._reject(NON_FINITE, msg.instrument, seq, t_recv, offset, ts_send)
+                    return 1
+            table = self.class_q
+        elif typ is Trade:
+            slot = self.slot_of.get(msg.instrument, -1)
+            seq = msg.seq
+            ts_send = msg.ts_send_ns
+            prio = msg.priority
+            side = msg.side
+            if (slot < 0 or not (0.0 <= msg.price < FLOAT_LIMIT and 0.0 <= msg.size < FLOAT_LIMIT)
+                    or (side != 1 and side != -1) or seq < 0 or prio < -1 or not 0 <= ts_send < TS_LIMIT
+                    or (top is not None and top != self.topics[slot])):
+                self._trade_slow(msg, slot, top, t_recv, offset)
+                return 1
+            table = self.class_t
+        elif msg is None:  # failed to decode: rejected with its reason already (an event)
+            return 1
+        else:
+            self._msgs, self._recvs, self._offset = [msg], [t_recv], offset  # a Reset flushes "the chunk"
+            return 1 - self._not_an_event(msg, typ, t_recv, offset)
+        last_seq = self.last_seq
+        last = last_seq[slot]
+        if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, t_recv, offset, ts_send):
+            return 1
+        last_seq[slot] = seq
+        if ts_send:  # the deadline's origin, as in _handle
+            origin = ts_send - offset
+            if origin > t_recv:
+                origin = t_recv
+        else:
+            origin = t_recv
         stale = t_recv - origin > self.max_age_ns
-        prio = msg.priority
-        table = self.class_q if kind == KIND_QUOTE else self.class_t
         cls = table[slot] if prio < 0 else self._class(prio, slot, table)
-        pos = self.store.count[slot]
+        store = self.store
+        pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            if sched.push(slot, pos, msg.seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:
-                self._shed(QUEUE_FULL, slot, msg.seq, ts_send, t_recv, offset)
-                return
-            write()
-            return
-        write()
-        if stale:
-            self._shed(STALE, slot, msg.seq, ts_send, t_recv, offset)
-        elif sched.push(slot, pos, msg.seq, cls, t_recv, origin, ts_send) == NO_REQUEST:
-            self._shed(QUEUE_FULL, slot, msg.seq, ts_send, t_recv, offset)
-
-    def _sequence(self, slot: int, seq: int, last: int, t_recv: int, offset: int, ts_send: int) -> bool:
-        """seq is not last + 1: count what it is; True if the event is accepted."""
-        acct = self.acct
-        if seq > last:
-            acct.gap(seq - last - 1)
-            return True
-        if seq == 0:  # the publisher restarted: follow the new sequence
-            acct.seq_resets += 1
-            return True
-        self._reject(Reason.OUT_OF_ORDER, self.ids[slot], seq, t_recv, offset, ts_send)
-        return False
-
-    def _shed(self, reason: int, slot: int, seq: int, ts_send: int, t_recv: int, offset: int) -> None:
-        self.acct.shed_some(reason)
-        if self.publish_shed:
-            self.answers.add(self.ids[slot], seq, SHED, reason, 0, 0.0, 0, ts_send, t_recv + offset)
-
-    def _reject(self, reason: int, instrument, seq, t_recv: int, offset: int, ts_send: int = 0) -> None:
-        """Count a rejected event; answer it when its instrument and seq can be named."""
-        self.acct.reject(reason)
-        if (self.publish_rejected and isinstance(instrument, int) and isinstance(seq, int)
-                and 0 <= instrument <= MAX_INSTRUMENT_ID and 0 <= seq < _U64_LIMIT):
-            ts = ts_send if isinstance(ts_send, int) and 0 <= ts_send < TS_LIMIT else 0
-            self.answers.add(instrument, seq, REJECTED, int(reason), 0, 0.0, 0, ts, t_recv + offset)
-
-    def _framing(self, topic, payload, t_recv: int, offset: int) -> int:
-        """Wrong number of frames for the configured framing; returns events counted (1)."""
-        if payload is not None:  # more frames follow: drain the rest of this message
-            while self.sock.get(_RCVMORE):
-                self.sock.recv(_NOBLOCK)
-        self._reject(Reason.BAD_FRAMING, None, None, t_recv, offset)
+            if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:
+                self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
+                return 1
+        elif stale:
+            self._shed(STALE, slot, seq, ts_send, t_recv, offset)
+        elif sched.push(slot, pos, seq, cls, t_recv, origin, ts_send) == NO_REQUEST:
+            self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)
+        store.count[slot] = pos + 1
+        if typ is Quote:
+            store.write_quote_at(slot, pos, msg.book, self.levels)
+        else:
+            store.write_trade_at(slot, pos, msg.price, msg.size * side)
         return 1
 
-    def _undecodable(self, payload: bytes, t_recv: int, offset: int) -> int:
-        """Not our schema. Returns 1 if it was not an event after all (a Decision, Status or
-        DecisionBatch on the feed: UNEXPECTED_KIND is still a rejection, so 0 here)."""
-        try:
-            peek = _peek(payload)
-        except Exception:  # noqa: BLE001 - not msgpack at all
-            peek = None
-        instrument = seq = None
-        reason = Reason.DECODE_ERROR
-        if isinstance(peek, list) and peek and isinstance(peek[0], int) and not isinstance(peek[0], bool):
-            if peek[0] in (TAG_DECISION, TAG_STATUS, TAG_DECISION_BATCH):
-                reason = Reason.UNEXPECTED_KIND
-            elif peek[0] in (TAG_QUOTE, TAG_TRADE) and len(peek) >= 3:
-                instrument, seq = peek[1], peek[2]
-                if isinstance(instrument, bool) or isinstance(seq, bool):
-                    instrument = seq = None
-        self._reject(reason, instrument, seq, t_recv, offset)
-        return 0
+    def _flush_burst(self) -> None:
+        """Write the rows accepted so far in this chunk, then (conflating) queue or shed the
+        newest event of each slot they touched. Also called by cold paths mid-chunk."""
+        store = self.store
+        msgs = self._msgs
+        q_i = self._q_i
+        if q_i:
+            books = self._books
+            if books is not None and len(q_i) >= BULK_MIN:
+                store.write_books(self._q_slot, self._q_pos, books, q_i)
+            else:
+                write, levels = store.write_quote_at, self.levels
+                for slot, pos, i in zip(self._q_slot, self._q_pos, q_i):
+                    write(slot, pos, msgs[i].book, levels)
+            self._q_slot.clear()
+            self._q_pos.clear()
+            q_i.clear()
+        if self._t_i:
+            # after the quotes: a trade repeats the row before it, written by now (a quote of this
+            # chunk, a trade written just before in feed order, or an earlier row)
+            write = store.write_trade_at
+            for slot, pos, i in zip(self._t_slot, self._t_pos, self._t_i):
+                m = msgs[i]
+                write(slot, pos, m.price, m.size * m.side)
+            self._t_slot.clear()
+            self._t_pos.clear()
+            self._t_i.clear()
+        if self._touched:
+            self._queue_newest()
 
-    def _not_an_event(self, msg, typ, t_recv: int, offset: int) -> int:
-        """Heartbeat or Reset: not events (returns 1: uncount it)."""
-        if typ is Heartbeat:
-            self.acct.heartbeats += 1
-            return 1
-        if typ is Reset:
-            self._reset(msg)
-            return 1
-        raise AssertionError(f"decoder returned {typ.__name__}")  # IngressDecoder's union is closed
-
-    def _reset(self, msg: Reset) -> None:
-        if msg.instrument == ALL_INSTRUMENTS:
-            slots = list(range(len(self.ids)))
-        else:
-            slot = self.slot_of.get(msg.instrument, -1)
-            if slot < 0:
-                return  # an instrument we do not serve (another shard's): nothing to clear
-            slots = [slot]
-        self.on_reset(slots)
-        for s in slots:
-            self.last_seq[s] = -1
-        self.acct.resets += 1
+    def _queue_newest(self) -> None:
+        """Conflating: per slot touched by the chunk, its newest event is the trigger and the
+        slot's earlier events of the chunk are conflated into it."""
+        sched = self.sched
+        push = sched.push
+        msgs, recvs, offset = self._msgs, self._recvs, self._offset
+        b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
+        max_age = self.max_age_ns
+        class_q, class_t = self.class_q, self.class_t
+        stale: list[int] = []  # slots whose trigger is shed STALE: answered together below
+        for slot in self._touched:
+            i = b_last[slot]
+            superseded = b_n[slot] - 1
+            msg = msgs[i]
+            t_recv = recvs[i]
+            ts_send = msg.ts_send_ns
+            if ts_send:  # the deadline's origin, as in the sequential branch of _handle
+                origin = ts_send - offset
+                if origin > t_recv:
+                    origin = t_recv
+            else:
+                origin = t_recv
+            if t_recv - origin > max_age:  # already past its deadline: no request, no step
+                stale.append(slot)
+                continue
+            b_n[slot] = 0
+            prio = msg.priority
+            table = class_q if type(msg) is Quote else class_t
+            cls = table[slot] if prio < 0 else self._class(prio, slot, table)
+            if push(slot, b_pos[slot], msg.seq, cls, t_recv, origin, ts_send, False, superseded) == NO_REQUEST:
+                if superseded:
+                    sched.count_conflated(superseded)
+                self._shed(QUEUE_FULL, slot, msg.seq, ts_send, t_recv, offset, superseded)
+        self._touched.clear()
+        if stale:
+            self._shed_stale(stale)

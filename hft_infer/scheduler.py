@@ -30,7 +30,10 @@ turn comes is shed (answered SHED/STALE). Conflating models skip the step for
 it; sequential ones still run it (a stateful model's state needs every row)
 but the decision is withheld and answered SHED. Events that are already stale
 on arrival are handled by the ingest (hft_infer/ingest.py): shed at once under
-conflation, queued as apply-only (`stale=True`) in sequential mode.
+conflation, queued as apply-only (`stale=True`) in sequential mode. Under
+conflation the ingest also conflates within each burst it reads: only an
+instrument's newest event of the burst is pushed, with `superseded` = the
+older ones, which this scheduler counts as conflated like its own.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
@@ -183,11 +186,14 @@ class Scheduler:
         self.queued_slots += 1
 
     def push(self, slot: int, pos: int, seq: int, cls: int, recv_ns: int, origin_ns: int,
-             send_epoch_ns: int, stale: bool = False) -> int:
+             send_epoch_ns: int, stale: bool = False, superseded: int = 0) -> int:
         """Queue an event. Returns the request id, or NO_REQUEST if there is no room (the caller
         sheds it as QUEUE_FULL); a conflated predecessor is counted in `conflated` and in the
         request's n_conflated. `origin_ns` is what the deadline counts from; `stale` (sequential
-        only) queues an event that is already past it: its row is applied, its decision withheld."""
+        only) queues an event that is already past it: its row is applied, its decision withheld.
+        `superseded` (conflating only): earlier events of the slot that the ingest conflated
+        into this one within its burst, counted here as conflated and in n_conflated; on
+        NO_REQUEST they are not counted (the caller counts them with `count_conflated`)."""
         if self.conflate:
             rid = self.s_rid[slot]
             if rid != NO_REQUEST:
@@ -196,8 +202,8 @@ class Scheduler:
                 self.r_recv_ns[rid] = recv_ns
                 self.r_origin_ns[rid] = origin_ns
                 self.r_send_epoch_ns[rid] = send_epoch_ns
-                self.r_nconf[rid] += 1
-                self.conflated += 1
+                self.r_nconf[rid] += 1 + superseded
+                self.conflated += 1 + superseded
                 return rid
         elif self.s_len[slot] >= self.max_pending:
             return NO_REQUEST
@@ -211,7 +217,8 @@ class Scheduler:
         self.r_recv_ns[rid] = recv_ns
         self.r_origin_ns[rid] = origin_ns
         self.r_send_epoch_ns[rid] = send_epoch_ns
-        self.r_nconf[rid] = 0
+        self.r_nconf[rid] = superseded
+        self.conflated += superseded
         self.r_stale[rid] = stale
         self.pending += 1
         if self.conflate:
@@ -226,6 +233,11 @@ class Scheduler:
         else:
             raise AssertionError("scheduler needs conflate or sequential")
         return rid
+
+    def count_conflated(self, n: int) -> None:
+        """Events conflated into a trigger that was shed at ingest (stale, or no room): the
+        scheduler owns the conflated counter, whoever did the conflating."""
+        self.conflated += n
 
     # ------------------------------------------------------------------ pick
 

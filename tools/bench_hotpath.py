@@ -2,14 +2,19 @@
 """Where the microseconds go in the hot loop: per-event ingest and per-decision publish, through
 the code the service runs (hft_infer.service.Service on real ipc sockets), plus their parts.
 
-    python tools/bench_hotpath.py [--n 50000] [--json out.json]
+    python tools/bench_hotpath.py [--n 50000] [--baseline REF] [--json out.json]
 
 Rows (median of --reps repetitions):
 
   ingest, burst        Stepper.ingest (Ingest.drain) over a socket pre-filled with --n quotes (64 instruments):
-                       recv topic + payload, RCVMORE check, decode, inlined checks, sequence,
-                       feature row, scheduler push; conflating (default model) and sequential
-  ... parts            recv pair, + RCVMORE, decode, the big-int book check, write_quote, push
+                       recv topic + payload, decode, checks, sequence, feature rows, queueing;
+                       conflating (default model) with fresh and with stale events (ts_send_ns long
+                       past), and sequential. With --baseline REF the same rows for the ingest of git
+                       REF (its hft_infer/ingest.py, loaded in place of ours; same store, scheduler,
+                       sockets), repetitions interleaved so that a busy machine hits both alike,
+                       and the ratio
+  ... parts            recv pair, + RCVMORE, decode, the book check (big-int per event; numpy per
+                       burst), field reads
   publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 64
                        requests, egress.mode batch (one DecisionBatch) and per_instrument
   idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
@@ -23,16 +28,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import zmq
 from benchlib import table, write_json
 
+import hft_infer.service as service_module
 from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
 from hft_infer.service import Service
@@ -43,17 +53,39 @@ from hft_infer.transport.schema import Quote
 N_INST = 64
 
 
-def quotes(n: int, levels: int = 10) -> list[tuple[bytes, bytes]]:
+def quotes(n: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, bytes]]:
+    """ts_send_ns 0: no send time (fresh: the deadline counts from receipt); 1: long past (stale)."""
     rng = np.random.default_rng(0)
     lv = (rng.random((16, levels, 4)) * 10 + 100).astype(np.float32)
-    return [(topic_for(i % N_INST), encode(Quote(i % N_INST, i // N_INST, 0, 0, levels, pack_book(lv[i % 16]))))
-            for i in range(n)]
+    return [(topic_for(i % N_INST),
+             encode(Quote(i % N_INST, i // N_INST, 0, ts_send_ns, levels, pack_book(lv[i % 16])))) for i in range(n)]
+
+
+def load_ingest(ref: str):
+    """The Ingest class of git REF's hft_infer/ingest.py (and its ingest_cold.py, where it has one)."""
+    root = Path(__file__).resolve().parent.parent
+    d = Path(tempfile.mkdtemp(prefix="hft-hp-base-", dir="/tmp"))
+    for name in ("ingest_cold", "ingest"):
+        got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
+                             text=True)
+        if got.returncode:
+            if name == "ingest":
+                raise SystemExit(f"bench_hotpath: no hft_infer/ingest.py at {ref}: {got.stderr.strip()}")
+            continue
+        # the baseline's own cold paths, under a private name
+        text = got.stdout.replace("from hft_infer.ingest_cold import", "from _base_ingest_cold import")
+        (d / f"_base_{name}.py").write_text(text)
+    sys.path.insert(0, str(d))
+    spec = importlib.util.spec_from_file_location("_base_ingest", d / "_base_ingest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Ingest
 
 
 class Rig:
     """A Service on a private runtime dir, its feed bound here (the service connects)."""
 
-    def __init__(self, overrides: list[str]) -> None:
+    def __init__(self, overrides: list[str], ingest_cls=None) -> None:
         self.runtime = tempfile.mkdtemp(prefix="hft-hp-", dir="/tmp")
         os.environ["HFT_INFER_RUNTIME_DIR"] = self.runtime
         self.cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
@@ -63,8 +95,16 @@ class Rig:
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.bind(f"ipc://{self.runtime}/hft-infer-md.sock")
         self.svc = Service(self.cfg)
-        self.svc.open_sockets(self.ctx)
+        own = service_module.Ingest
+        service_module.Ingest = ingest_cls or own  # open_sockets builds the ingest: the baseline's
+        try:
+            self.svc.open_sockets(self.ctx)
+        finally:
+            service_module.Ingest = own
         self.svc.warm_up()
+        # as Service.run does: freeze what survived set-up and collect only young objects, at
+        # reset (the service's housekeeping); automatic collections mid-burst are not what it runs
+        self.svc.heap.freeze()
         subs = 0
         while subs < N_INST + 1 and self.pub.poll(5000):
             subs += self.pub.recv()[:1] == b"\x01"
@@ -89,27 +129,33 @@ class Rig:
         svc.egress.answers.clear()
         svc.store.reset_slots(range(svc.n_slots))
         svc.ingest.last_seq[:] = [-1] * svc.n_slots
+        svc.heap.collect_young()
 
     def close(self) -> None:
+        self.svc.heap.restore()
         self.svc.close()
         self.pub.close(0)
         self.ctx.term()
         shutil.rmtree(self.runtime, ignore_errors=True)
 
 
-def ingest_ns_per_event(rig: Rig, frames, reps: int) -> float:
-    out = []
+def ingest_ns_per_event(rigs: list[Rig], frames, reps: int) -> list[float]:
+    """Median ns/event of each rig; the rigs' repetitions interleaved. Thread CPU time
+    (time.thread_time_ns), not wall time: on a shared machine the wall clock also counts the
+    time the thread was descheduled; the per-event Python cost is the CPU time."""
+    out: list[list[float]] = [[] for _ in rigs]
     for _ in range(reps):
-        rig.reset()
-        rig.fill(frames)
-        svc = rig.svc
-        n = 0
-        t0 = time.perf_counter_ns()
-        while n < len(frames):
-            n += svc.step.ingest()
-        out.append((time.perf_counter_ns() - t0) / len(frames))
-        rig.reset()
-    return statistics.median(out)
+        for k, rig in enumerate(rigs):
+            rig.reset()
+            rig.fill(frames)
+            svc = rig.svc
+            n = 0
+            t0 = time.thread_time_ns()
+            while n < len(frames):
+                n += svc.step.ingest()
+            out[k].append((time.thread_time_ns() - t0) / len(frames))
+            rig.reset()
+    return [statistics.median(o) for o in out]
 
 
 def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
@@ -148,9 +194,9 @@ def parts(frames, reps: int) -> list[tuple[str, float]]:
     def t(fn):
         r = []
         for _ in range(reps):
-            t0 = time.perf_counter_ns()
+            t0 = time.thread_time_ns()  # CPU time, as for the ingest rows
             fn()
-            r.append((time.perf_counter_ns() - t0) / len(frames))
+            r.append((time.thread_time_ns() - t0) / len(frames))
         return statistics.median(r)
 
     def book_check():
@@ -159,8 +205,17 @@ def parts(frames, reps: int) -> list[tuple[str, float]]:
             if x & m80 or ((x & m7f) + m01) & m80:
                 raise AssertionError
 
+    def book_check_numpy():  # what Ingest._handle does per burst of 256
+        for c in range(0, len(msgs), 256):
+            books = [m.book for m in msgs[c:c + 256]]
+            words = np.frombuffer(b"".join(books), dtype="<u4").reshape(len(books), -1)
+            if words.max() >= 0x7F000000:
+                raise AssertionError
+
     return [("decode (msgspec, typed)", t(lambda: [decode(p) for p in payloads])),
-            ("book check (big-int high bytes)", t(book_check)),
+            ("decode, map over a burst", t(lambda: list(map(decode, payloads)))),
+            ("book check (big-int high bytes, per event)", t(book_check)),
+            ("book check (numpy, per burst of 256)", t(book_check_numpy)),
             ("6 field reads", t(lambda: [(m.instrument, m.seq, m.ts_send_ns, m.priority, m.n_levels, m.book)
                                          for m in msgs]))]
 
@@ -239,19 +294,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--baseline", metavar="REF", help="also measure the ingest of git REF (e.g. main), interleaved")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
+    base_cls = load_ingest(a.baseline) if a.baseline else None
     frames = quotes(a.n)
-    for name, overrides in (("conflating (default mlp_small)", []),
-                            ("sequential (conflate off)", ['scheduler.conflate="off"',
-                                                           "scheduler.max_pending_per_instrument=4096",
-                                                           "scheduler.capacity=262144"])):
-        rig = Rig(overrides)
+    stale = quotes(a.n, ts_send_ns=1)
+    for name, overrides, feed in (("conflating (default mlp_small), fresh", [], frames),
+                                  ("conflating (default mlp_small), stale", [], stale),
+                                  ("sequential (conflate off)", ['scheduler.conflate="off"',
+                                                                 "scheduler.max_pending_per_instrument=4096",
+                                                                 "scheduler.capacity=262144"], frames)):
+        rigs = [Rig(overrides)] + ([Rig(overrides, base_cls)] if base_cls else [])
         try:
-            rows.append((f"ingest, bursts of 256, {name}", ingest_ns_per_event(rig, frames, a.reps), "ns/event"))
+            got = ingest_ns_per_event(rigs, feed, a.reps)
+            rows.append((f"ingest, bursts of 256, {name}", got[0], "ns/event"))
+            if base_cls:
+                rows.append((f"  baseline {a.baseline}", got[1], "ns/event"))
+                rows.append(("  baseline / this", got[1] / got[0], "x"))
         finally:
-            rig.close()
+            for rig in rigs:
+                rig.close()
     rows += [(f"  part: {n}", v, "ns/event") for n, v in recv_parts(min(a.n, 20000), a.reps)]
     rows += [(f"  part: {n}", v, "ns/event") for n, v in parts(frames[:20000], a.reps)]
     for mode in ("batch", "per_instrument"):
@@ -263,9 +327,10 @@ def main() -> None:
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]
-    print(table(["phase", "cost", "unit"], rows, digits=0))
+    print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
     if a.json:
-        write_json(a.json, {"n": a.n, "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
+        write_json(a.json, {"n": a.n, "baseline": a.baseline,
+                            "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,8 @@
 """Goodput under overload: decided/s against offered/s, and the service at 3x and 10x its capacity.
 
     python tools/bench_overload.py [-c CONFIG] [--set K=V]... [--rates 5000,10000,20000,40000,80000]
-        [--duration 3] [--overload 3,10] [--overload-duration 5] [--json out.json] [--plot curve.png]
+        [--duration 3] [--overload 3,10] [--overload-duration 5] [--baseline-python PY]
+        [--json out.json] [--plot curve.png]
 
 Every point is one `hft-infer bench` run (a fresh service, the harness's pacer and
 collector processes; the same code path `bench` and `serve` run), so the figures are
@@ -16,6 +17,11 @@ the service's own accounting beside the harness's:
    --overload-duration s; the issue's criterion: decided/s >= 90 % of decided/s at
    capacity, lost = 0, every event accounted (sent = decided + shed + conflated +
    rejected). The table says met or missed for each.
+
+--baseline-python PY runs every point a second time with another interpreter (e.g. the venv
+of a checkout of the previous commit: `hft-infer` as installed there), the two alternating
+point by point so that a busy machine hits both alike; each is judged against its own
+capacity and both are printed.
 
 The pacer's achieved rate is printed beside the offered one: where the load
 generator itself cannot keep up (a 2-core VM at several 100k events/s), the
@@ -38,16 +44,19 @@ CRITERION = 0.90  # decided/s under overload as a share of decided/s at capacity
 SHED_LIMIT = 0.01  # capacity: shed at most this share of the events
 
 
-def run_bench(rate: float, duration: float, config: str | None, sets: list[str], work: Path) -> dict:
+def run_bench(rate: float, duration: float, config: str | None, sets: list[str], work: Path,
+              python: str = sys.executable, label: str = "") -> dict:
     """One `hft-infer bench` run; its summary (accounting, stages, tick_to_decision, rates)."""
-    out = work / f"bench-{int(rate)}-{duration:g}.json"
-    cmd = [sys.executable, "-m", "hft_infer", "bench", "--rate", str(rate), "--duration", str(duration), "--quiet",
-           "--json", str(out), "--run-dir", str(work / f"run-{int(rate)}-{duration:g}")]
+    out = work / f"bench-{label}{int(rate)}-{duration:g}.json"
+    cmd = [python, "-m", "hft_infer", "bench", "--rate", str(rate), "--duration", str(duration), "--quiet",
+           "--json", str(out), "--run-dir", str(work / f"run-{label}{int(rate)}-{duration:g}")]
     if config:
         cmd += ["-c", config]
     for s in sets:
         cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # cwd: the work dir, so that `-m` does not put a checkout on the path ahead of the one that
+    # `python` has installed (a baseline interpreter must run its own hft_infer)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=work)
     if proc.returncode not in (0, 1) or not out.exists():  # 1: lost events (reported, not fatal here)
         raise SystemExit(f"bench_overload: bench at {rate:g}/s failed (exit {proc.returncode}):\n"
                          f"{proc.stderr[-2000:]}")
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of load per sweep point (default 3)")
     ap.add_argument("--overload", default="3,10", help="multiples of capacity to offer (default 3,10)")
     ap.add_argument("--overload-duration", type=float, default=5.0, help="seconds per overload point (default 5)")
+    ap.add_argument("--baseline-python", metavar="PY",
+                    help="also run every point with this interpreter (another checkout's venv), interleaved")
     ap.add_argument("--json", help="write the points, capacity and verdicts here (with provenance)")
     ap.add_argument("--plot", help="write the goodput curve as a PNG here")
     a = ap.parse_args(argv)
@@ -124,30 +135,57 @@ def main(argv: list[str] | None = None) -> int:
         multiples = [float(x) for x in a.overload.split(",")] if a.overload else []
     except ValueError:
         ap.error("--rates and --overload take comma-separated numbers")
+    if a.config:
+        a.config = str(Path(a.config).resolve())  # the runs start in a work dir
     if not rates or min(rates) <= 0 or any(m <= 1 for m in multiples) or a.duration <= 0:
         ap.error("rates and durations must be > 0 and overload multiples > 1")
+    variants = [("this", sys.executable)] + ([("baseline", a.baseline_python)] if a.baseline_python else [])
+    sweep: dict[str, list[dict]] = {v: [] for v, _ in variants}
+    caps: dict[str, dict | None] = {}
+    over: dict[str, list[dict]] = {v: [] for v, _ in variants}
     with tempfile.TemporaryDirectory(prefix="hft-overload-") as tmp:
         work = Path(tmp)
-        sweep = []
-        for rate in rates:
-            sweep.append(point(run_bench(rate, a.duration, a.config, a.set, work), a.duration))
-            print(table(ROW_HEADERS, [_row(sweep[-1])]).splitlines()[-1], file=sys.stderr, flush=True)
-        cap = capacity(sweep)
-        over = []
-        if cap is not None:
-            for m in multiples:
-                p = point(run_bench(m * cap["offered"], a.overload_duration, a.config, a.set, work),
+        for k, rate in enumerate(rates):
+            for v, py in (variants if k % 2 == 0 else variants[::-1]):
+                sweep[v].append(point(run_bench(rate, a.duration, a.config, a.set, work, py, v), a.duration))
+                print(v, table(ROW_HEADERS, [_row(sweep[v][-1])]).splitlines()[-1], file=sys.stderr, flush=True)
+        caps = {v: capacity(sweep[v]) for v, _ in variants}
+        for k, m in enumerate(multiples):
+            for v, py in (variants if k % 2 == 0 else variants[::-1]):
+                cap = caps[v]
+                if cap is None:
+                    continue
+                p = point(run_bench(m * cap["offered"], a.overload_duration, a.config, a.set, work, py, v),
                           a.overload_duration)
                 achieved_multiple = (p["achieved"] or p["offered"]) / cap["offered"]
                 p |= {"multiple": m, "achieved_multiple": achieved_multiple,
                       "goodput_share": p["decided_per_s"] / cap["decided_per_s"] if cap["decided_per_s"] else 0.0}
                 p["met"] = p["goodput_share"] >= CRITERION and p["lost"] == 0 and p["accounted"]
-                over.append(p)
+                over[v].append(p)
+    for v, py in variants:
+        if len(variants) > 1:
+            print(f"== {v}: {py}")
+        report(sweep[v], caps[v], over[v])
+        print()
+    if a.plot:
+        plot(sweep["this"] + over["this"], caps["this"], a.plot)
+    if a.json:
+        doc = {"sweep": sweep["this"], "capacity": caps["this"], "overload": over["this"],
+               "config": a.config, "sets": a.set, "criterion": CRITERION}
+        if a.baseline_python:
+            doc["baseline"] = {"python": a.baseline_python, "sweep": sweep["baseline"],
+                               "capacity": caps["baseline"], "overload": over["baseline"]}
+        write_json(a.json, doc)
+    cap = caps["this"]
+    return 0 if cap is not None and all(p["met"] for p in over["this"]) else 1
+
+
+def report(sweep: list[dict], cap: dict | None, over: list[dict]) -> None:
     print(table(ROW_HEADERS, [_row(p) for p in sweep], title="sweep"))
     print()
     if cap is None:
         print(f"capacity: no sweep point kept up (shed <= {SHED_LIMIT:.0%}, lost 0): lower --rates")
-        return 1
+        return
     print(f"capacity: {cap['offered']:,.0f} events/s offered, {cap['decided_per_s']:,.0f} decided/s "
           f"(the highest sweep rate with shed <= {SHED_LIMIT:.0%} and lost 0)")
     rows = [[f"{p['multiple']:g}x", f"{p['achieved_multiple']:.1f}x", p["decided_per_s"],
@@ -155,12 +193,6 @@ def main(argv: list[str] | None = None) -> int:
              "met" if p["met"] else "MISSED"] for p in over]
     print(table(["offered", "achieved", "decided/s", "% of capacity", "lost", "all accounted",
                  f">= {CRITERION:.0%}, lost 0"], rows, title="overload"))
-    if a.plot:
-        plot(sweep + over, cap, a.plot)
-    if a.json:
-        write_json(a.json, {"sweep": sweep, "capacity": cap, "overload": over,
-                            "config": a.config, "sets": a.set, "criterion": CRITERION})
-    return 0 if all(p["met"] for p in over) else 1
 
 
 if __name__ == "__main__":

@@ -220,3 +220,22 @@ def test_no_request_is_lost_across_policies(policy):
         t += 10 * US
         got |= {seq for _, seq in picked(s, t)}
     assert len(got) + conflated == len(pushed)
+
+
+def test_events_conflated_by_the_ingest_count_as_the_schedulers_own():
+    s = make(capacity=16)
+    t = 1_000_000
+    rid = s.push(0, 4, 4, 0, t, t, 0, False, 4)  # the newest of a burst of five
+    assert s.r_nconf[rid] == 4 and s.conflated == 4 and s.live_requests() == 1
+    assert s.push(0, 7, 7, 0, t + 1, t + 1, 0, False, 2) == rid  # replaces it: itself and two more
+    assert s.r_nconf[rid] == 7 and s.conflated == 7 and (s.r_seq[rid], s.r_pos[rid]) == (7, 7)
+    s.count_conflated(3)  # conflated into a trigger the ingest shed
+    assert s.conflated == 10 and s.live_requests() == 1
+
+
+def test_no_room_counts_nothing_superseded():
+    s = make(n_slots=20, capacity=16)
+    for slot in range(16):  # every request id handed out
+        assert s.push(slot, 0, 0, 0, 1, 1, 0) != NO_REQUEST
+    assert s.push(16, 0, 0, 0, 1, 1, 0, False, 5) == NO_REQUEST
+    assert s.conflated == 0  # the caller sheds the trigger and counts its superseded ones

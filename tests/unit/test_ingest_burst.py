@@ -1,0 +1,217 @@
+"""The burst path of the real ingest (tests/ingest_rig.py: hft_infer.ingest.Ingest on a real socket).
+
+A burst (frames queued before one drain) must end exactly as the same frames read one at a
+time, except where conflation within the burst is the point: the rows written, the sequence
+state, every rejection and its reason, the queued requests and the accounting identity. Stale
+and superseded events take the cheap path: superseded ones are CONFLATED into their
+instrument's newest event, a stale newest one is shed at once, and no request is left for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ingest_rig import IngestRig
+
+from hft_infer.transport.codec import encode, pack_book, topic_for
+from hft_infer.transport.schema import Decision, Heartbeat, Outcome, Quote, Reason, Reset, Trade
+
+LEVELS = 10
+OLD_NS = 1  # a ts_send_ns (epoch ns) long past every deadline
+
+
+def _book(k: float, nan: bool = False) -> bytes:
+    lv = np.full((LEVELS, 4), 100.0 + k, np.float32)
+    lv[:, 1] = k + 1.0
+    if nan:
+        lv[3, 2] = np.nan
+    return pack_book(lv)
+
+
+def quote(inst: int, seq: int, k: float = 0.0, *, ts_send: int = 0, nan: bool = False, levels: int = LEVELS,
+          topic: int | None = None) -> list[bytes]:
+    book = _book(k, nan) if levels == LEVELS else pack_book(np.full((levels, 4), 7.0 + k, np.float32))
+    return [topic_for(inst if topic is None else topic), encode(Quote(inst, seq, 0, ts_send, levels, book))]
+
+
+def trade(inst: int, seq: int, price: float = 101.0, size: float = 2.0, side: int = 1) -> list[bytes]:
+    return [topic_for(inst), encode(Trade(inst, seq, 0, 0, price, size, side))]
+
+
+def burst(rig: IngestRig, messages: list[list[bytes]]) -> None:
+    """Queue every message, then drain: the ingest reads them as bursts (inproc delivers at once)."""
+    for parts in messages:
+        rig.push.send_multipart(parts)
+    while rig.ingest.drain(256):
+        pass
+
+
+def one_by_one(rig: IngestRig, messages: list[list[bytes]]) -> None:
+    for parts in messages:
+        rig.send(parts)
+
+
+def _state(rig: IngestRig) -> dict:
+    """What the ingest left behind, in a comparable form."""
+    sched = rig.sched
+    queued = {}
+    for slot in range(rig.store.n_slots):
+        rid = sched.s_rid[slot] if sched.conflate else None
+        if sched.conflate and rid != -1:
+            queued[slot] = (sched.r_seq[rid], sched.r_pos[rid])
+        elif not sched.conflate and sched.s_len[slot]:
+            ring = sched.s_ring[slot]
+            rids = [ring[(sched.s_head[slot] + j) % sched.max_pending] for j in range(sched.s_len[slot])]
+            queued[slot] = [(sched.r_seq[r], sched.r_pos[r], sched.r_stale[r]) for r in rids]
+    rejected = {Reason(i).name: n for i, n in enumerate(rig.acct.by_reason) if n}
+    answers = sorted((a[0], a[1], a[2], a[3]) for a in zip(*rig.answers.columns()) if a[2] == Outcome.REJECTED)
+    return {"received": rig.acct.received, "rejected": rejected, "rejected_answers": answers,
+            "last_seq": list(rig.ingest.last_seq), "count": list(rig.store.count), "rows": rig.store.array.copy(),
+            "queued": queued, "live": sched.live_requests(), "gaps": (rig.acct.seq_gaps, rig.acct.seq_missing),
+            "heartbeats": rig.acct.heartbeats, "resets": rig.acct.resets, "resets_seen": list(rig.resets)}
+
+
+def _mixed_feed(k0: int, k1: int, seqs: list[int], odd_sizes: bool) -> list[list[bytes]]:
+    """Good quotes and trades of several instruments with bad frames of every kind among them;
+    with `odd_sizes` also books of other sizes (the burst's rows then do not line up for numpy)."""
+    msgs: list[list[bytes]] = []
+    for k in range(k0, k1):
+        inst = k % 5
+        if k % 7 == 3:
+            msgs.append(trade(inst, seqs[inst], 100.0 + k, 1.0 + k, 1 if k % 2 else -1))
+        else:
+            msgs.append(quote(inst, seqs[inst], float(k)))
+        seqs[inst] += 1
+        bad = k % 10
+        if bad == 1:
+            msgs.append(quote(2, seqs[2], nan=True))  # NON_FINITE: seq not taken
+        elif bad == 2:
+            msgs.append(quote(99, 0))  # UNKNOWN_INSTRUMENT (topic 99)
+        elif bad == 3:
+            msgs.append([topic_for(1), b"\xc1garbage"])  # DECODE_ERROR
+        elif bad == 4:
+            msgs.append(quote(1, seqs[1] - 1) if seqs[1] > 1 else quote(1, seqs[1] + 5))  # OUT_OF_ORDER (or a gap)
+        elif bad == 5:
+            msgs.append([topic_for(3)])  # BAD_FRAMING: a lone topic frame
+        elif bad == 6:
+            msgs.append(quote(4, seqs[4], topic=3))  # TOPIC_MISMATCH
+        elif bad == 7:
+            msgs.append([topic_for(0), encode(Decision(0, 1, 0, 0, 0, 0.0, 0, 0, 0, 0))])  # UNEXPECTED_KIND
+        elif bad == 8:
+            msgs.append([topic_for(0xFFFFFFFF), encode(Heartbeat(0))])  # not an event
+        elif bad == 9:
+            msgs.append(trade(0, seqs[0], price=float("nan")))  # NON_FINITE trade
+        elif bad == 0 and odd_sizes:
+            msgs.append([topic_for(2), encode(Quote(2, seqs[2], 0, 0, 3, b"\x00" * 40))])  # BAD_LEVELS
+    mid = len(msgs) // 2
+    if odd_sizes:  # a valid quote of fewer levels (the general path), instrument 2's newest, and a trade
+        msgs.append(quote(2, seqs[2], levels=6))
+        msgs.append(trade(3, seqs[3]))
+        seqs[2] += 1
+        seqs[3] += 1
+    else:
+        msgs.insert(mid, [topic_for(0xFFFFFFFF), encode(Reset(0, 3))])  # a Reset mid-burst
+    return msgs
+
+
+@pytest.mark.parametrize("conflate", [True, False])
+def test_a_burst_ends_as_the_same_frames_read_one_at_a_time(conflate):
+    seqs = [0] * 6
+    lined_up = _mixed_feed(0, 80, seqs, odd_sizes=False)  # the numpy path: book check, row writes
+    odd = _mixed_feed(80, 120, seqs, odd_sizes=True)  # per-event checks and writes
+    a = IngestRig(instruments=8, topic_frame=True, conflate=conflate, max_pending=4, depth=256)
+    b = IngestRig(instruments=8, topic_frame=True, conflate=conflate, max_pending=4, depth=256)
+    for rig in (a, b):  # what a Reset sees already queued: everything before it in the feed
+        rig.ingest.on_reset = (lambda r: lambda slots: r.resets.append(
+            (slots, r.sched.live_requests(), r.sched.conflated, list(r.store.count))))(rig)
+    bulk_writes = []
+    write_books = a.store.write_books
+    a.store.write_books = lambda *args: (bulk_writes.append(len(args[0])), write_books(*args))
+    try:
+        burst(a, lined_up)
+        assert bulk_writes, "the lined-up burst took the numpy path"
+        burst(a, odd)
+        one_by_one(b, lined_up + odd)
+        sa, sb = _state(a), _state(b)
+        rows_a, rows_b = sa.pop("rows"), sb.pop("rows")
+        assert sa == sb
+        np.testing.assert_array_equal(rows_a, rows_b)
+        assert a.sched.conflated == b.sched.conflated  # fresh events: the same conflations, wherever done
+        assert sum(sa["rejected"].values()) >= 9 and sa["resets"] == 1
+        if not conflate:
+            assert sa["rejected"].get("QUEUE_FULL")  # max_pending 4: some fell over it, unwritten
+        assert a.identity_holds() and b.identity_holds()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_within_a_burst_only_the_newest_event_of_an_instrument_is_queued():
+    rig = IngestRig(instruments=8, topic_frame=True)
+    try:
+        feed = [quote(i % 3, i // 3, float(i)) for i in range(30)]  # 10 each of instruments 0, 1, 2
+        burst(rig, feed)
+        sched = rig.sched
+        assert rig.acct.received == 30 and sched.live_requests() == 3
+        assert sched.conflated == 27 and sched.pending == 3
+        for slot in range(3):
+            rid = sched.s_rid[slot]
+            assert (sched.r_seq[rid], sched.r_pos[rid], sched.r_nconf[rid]) == (9, 9, 9)
+            # every row was written (the window reads them), in feed order
+            assert rig.store.count[slot] == 10
+            for seq in range(10):
+                np.testing.assert_array_equal(rig.store.row(slot, seq)[: 4 * LEVELS],
+                                              np.frombuffer(_book(float(3 * seq + slot)), "<f4"))
+        assert len(rig.answers) == 0  # conflated events are not answered on their own
+        assert rig.identity_holds()
+    finally:
+        rig.close()
+
+
+def test_stale_events_are_conflated_and_their_newest_shed_at_once():
+    rig = IngestRig(instruments=8, topic_frame=True, max_age_us=1000)
+    try:
+        feed = [quote(i % 4, i // 4, float(i), ts_send=OLD_NS) for i in range(40)]
+        feed.append(quote(3, 10, 99.0))  # fresh (no send time): the newest of instrument 3 is queued
+        burst(rig, feed)
+        sched = rig.sched
+        assert rig.acct.received == 41
+        assert rig.acct.by_reason[Reason.STALE] == rig.acct.shed == 3  # the newest of instruments 0..2
+        assert sched.live_requests() == 1 and sched.r_seq[sched.s_rid[3]] == 10
+        assert sched.r_nconf[sched.s_rid[3]] == 10  # instrument 3's stale ones went into the fresh one
+        assert sched.conflated == 9 * 3 + 10
+        shed = [a for a in zip(*rig.answers.columns()) if a[2] == Outcome.SHED]
+        assert sorted((a[0], a[1], a[3], a[6]) for a in shed) == [(i, 9, Reason.STALE, 9) for i in range(3)]
+        assert rig.store.count[:4] == [10, 10, 10, 11]  # stale rows still update the window
+        assert rig.identity_holds()
+    finally:
+        rig.close()
+
+
+def test_a_stateful_model_applies_every_stale_row_and_withholds_its_decision():
+    rig = IngestRig(instruments=4, conflate=False, max_age_us=1000, max_pending=64)
+    try:
+        burst(rig, [quote(i % 2, i // 2, float(i), ts_send=OLD_NS)[1:] for i in range(20)]
+              + [quote(1, 10)[1:]])
+        sched = rig.sched
+        assert sched.live_requests() == 21 and sched.conflated == 0 and rig.acct.shed == 0
+        stale = [sched.r_stale[sched.s_ring[s][j]] for s in (0, 1) for j in range(sched.s_len[s])]
+        assert stale.count(True) == 20 and stale.count(False) == 1
+        assert rig.store.count[:2] == [10, 11]
+    finally:
+        rig.close()
+
+
+def test_a_burst_longer_than_the_ring_is_handled_in_chunks():
+    rig = IngestRig(instruments=4, depth=64)
+    try:
+        feed = [quote(i % 2, i // 2, float(i))[1:] for i in range(250)]  # drains of 256 > depth 64
+        burst(rig, feed)
+        assert rig.store.count[:2] == [125, 125]
+        for slot in (0, 1):
+            for seq in range(125 - 64, 125):  # the ring holds the newest 64 rows of each slot
+                np.testing.assert_array_equal(rig.store.row(slot, seq)[: 4 * LEVELS],
+                                              np.frombuffer(_book(float(2 * seq + slot)), "<f4"))
+        assert rig.sched.live_requests() == 2 and rig.sched.conflated == 248 and rig.identity_holds()
+    finally:
+        rig.close()
