@@ -91,6 +91,12 @@ def test_torch_step_agrees_with_the_cpu_engine():
     assert worst < 1e-5
     # actions too (held positions on the step's device), and the original model stays on the CPU
     data, slots, batches = check_stream(store.width, n_slots, 8)
+    want_s, _ = drive(ref, ref_store, data, slots, batches)
+    threshold = float(np.median(np.abs(want_s)))  # a threshold inside the scores' range: every action occurs
+    ref.policy.threshold = threshold
+    kstep.thresholds[0] = threshold
+    ref.reset()
+    engine.reset()
     want_s, want_a = drive(ref, ref_store, data, slots, batches)
     got_s, got_a = drive(engine, store, data, slots, batches)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5, rtol=0)
