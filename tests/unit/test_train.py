@@ -1,6 +1,6 @@
 """`hft-infer train`: the shipped default is exactly what the command writes; training is
 deterministic; bad arguments are one-line errors. (Training on LOBSTER files and captures,
-then serving and verifying the result: tests/integration/test_train.py.)"""
+then serving and verifying the result: tests/integration/test_train_serve.py.)"""
 
 from __future__ import annotations
 
