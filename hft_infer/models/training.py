@@ -90,13 +90,15 @@ def train(events: np.ndarray, spec: ModelSpec, recipe: Recipe, progress: Progres
     """A model of `spec` trained on the table's labelled windows (eval mode on return)."""
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
+    rng = torch.random.get_rng_state()
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
     try:
         return _train(events, spec, recipe, progress)
-    finally:
+    finally:  # the caller's threads, determinism setting and global RNG as they were
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
+        torch.random.set_rng_state(rng)
 
 
 def _train(events: np.ndarray, spec: ModelSpec, recipe: Recipe, progress: Progress | None) -> WindowModel:

@@ -19,12 +19,7 @@ FILE = ROOT / "tests" / "user_models" / "cnn.py"
 CNN = f"{FILE}:make_model"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _windows(model, events):
