@@ -53,6 +53,7 @@ from hft_infer.models.executor import Executor
 from hft_infer.models.features import preprocess, row_width
 from hft_infer.models.spec import OUTPUTS
 from hft_infer.models.torch_executors import as_tensors
+from hft_infer.runner.base import EngineFailure
 
 INPUTS = ("features", "raw")
 CHECK_BATCHES = (1, 3)
@@ -229,7 +230,8 @@ class CustomExecutor(Executor):
     """CPU step of a custom module: gather each trigger's window [n, W, F] from the ring
     (missing rows zero), transform the rows (`model.input`), run the module under
     inference_mode on a preallocated input, score the logits. Stateless: triggers may be
-    conflated."""
+    conflated. A forward that raises mid-stream is an EngineFailure (the service answers
+    what is pending, says why in its final Status and exits non-zero)."""
 
     stateful = False
     backend = "torch"
@@ -262,7 +264,11 @@ class CustomExecutor(Executor):
         x = self._x[:n]
         x.copy_(self.model.features(rows))
         logits = self._logits[:n]
-        logits.copy_(self.net(x))
+        try:
+            logits.copy_(self.net(x))
+        except Exception as e:  # noqa: BLE001 - the user's forward failed mid-stream: fatal, in one line
+            raise EngineFailure(f"model.module {self.model.source!r}: forward on a batch of {n} raised "
+                                f"{_one_line(e)}") from None
         scores_into(logits, out, self._sums[:n])
 
 

@@ -115,3 +115,14 @@ def test_the_config_section_selects_the_module():
     assert rt.engine.name == "eager" and "custom module" in rt.engine.reason and rt.conflate
     with pytest.raises(ConfigError, match=r"^model: model.module .*returned shape"):
         build_runtime(load_config(None, [f'model.module="{FILE}:make_wrong_shape"']), 8)
+
+
+def test_a_forward_that_fails_mid_stream_is_an_engine_failure():
+    from hft_infer.runner.base import EngineFailure
+
+    model, _ = load_custom(f"{FILE}:make_fails_later", window=4, levels=10)
+    ex = CustomExecutor(model, torch.zeros(6, 8, 42), max_batch=8)
+    out = np.empty(4, np.float32)
+    ex.step(np.arange(3), np.zeros(3, np.int64), out[:3])
+    with pytest.raises(EngineFailure, match=r"forward on a batch of 4 raised RuntimeError: this model breaks"):
+        ex.step(np.arange(4), np.zeros(4, np.int64), out)

@@ -62,3 +62,15 @@ def make_wrong_shape() -> nn.Module:
 
 def make_not_a_module():
     return "not a module"
+
+
+class _FailsOnBigBatches(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 3:
+            raise RuntimeError("this model breaks on batches of more than 3")
+        return torch.zeros(x.shape[0], 3)
+
+
+def make_fails_later() -> nn.Module:
+    """Passes the start-up check (batches 1 and 3), fails on a batch of 4: for tests."""
+    return _FailsOnBigBatches()
