@@ -13,7 +13,9 @@ from service_harness import ServiceUnderTest
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = ROOT / "tests" / "user_models" / "cnn.py"
-CNN = [f'model.module="{USER}:make_model"', "model.module_args={channels=12}"]
+# a late pacer on a loaded 2-core machine must not shed the events these tests verify
+PATIENT = ["scheduler.max_age_us=10000000"]
+CNN = [f'model.module="{USER}:make_model"', "model.module_args={channels=12}", *PATIENT]
 
 
 def cli(*args, env=None, timeout=240):

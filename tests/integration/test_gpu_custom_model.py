@@ -71,7 +71,7 @@ def test_serve_on_the_graph_engine_and_replay_verify(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from service_harness import ServiceUnderTest
 
-    overrides = [f'model.module="{USER}:make_model"', 'runner.engine="graph"']
+    overrides = [f'model.module="{USER}:make_model"', 'runner.engine="graph"', "scheduler.max_age_us=10000000"]
     with ServiceUnderTest(overrides) as svc:
         svc.start(feed=False, timeout_s=300)
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
