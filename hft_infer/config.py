@@ -134,6 +134,16 @@ class ModelConfig(_Section):
     """LSTM window mode: exact incremental open-window states (default) or recompute the window."""
     seed: int = 0
     """Seed for random weights when no checkpoint is given."""
+    module: str = ""
+    """Your own torch model instead of the built-in families: 'package.module:factory', 'path/to/file.py:factory', a TorchScript '.pt' or a torch.export '.pt2' file; an nn.Module mapping float32 windows [B, window, 4 * levels + 2] to [B, 3] logits (docs/notes/models.md). When set, `checkpoint`, `preset` and `seed` are not used."""
+    module_args: dict[str, Any] = {}
+    """`module` = '...:factory' only: keyword arguments of the factory."""
+    window: Annotated[int, Meta(ge=1, le=4096)] = 32
+    """`module` only: rows per decision (W)."""
+    levels: Annotated[int, Meta(ge=1, le=64)] = 10
+    """`module` only: book levels per row (rows are 4 * levels + 2 wide)."""
+    input: Literal["features", "raw"] = "features"
+    """`module` only: each row as the built-in feature row (bps from mid, log1p sizes) or as the raw row."""
 
 
 class DecisionConfig(_Section):

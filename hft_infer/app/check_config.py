@@ -56,13 +56,12 @@ def resolved(cfg: Config) -> Config:
 
 
 def check_model(cfg: Config) -> str:
-    """Load the checkpoint as `serve` does (runner.select.build_runtime); ConfigError if it cannot."""
-    from hft_infer.models.checkpoint import CheckpointError, load_model  # imports torch
+    """Load the checkpoint (or model.module) as `serve` does (runner.select.build_runtime); ConfigError if it cannot."""
+    from hft_infer.models.custom import load_configured  # imports torch
 
     try:
-        _, version = load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
-                                mode=cfg.model.mode)
-    except CheckpointError as e:
+        _, version = load_configured(cfg.model)
+    except ValueError as e:  # CheckpointError, CustomModelError
         raise ConfigError(f"model: {e}") from None
     return version
 

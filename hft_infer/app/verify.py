@@ -25,7 +25,7 @@ import torch
 
 from hft_infer.config import Config
 from hft_infer.models.base import scores_from_logits
-from hft_infer.models.checkpoint import load_model
+from hft_infer.models.custom import load_configured
 from hft_infer.models.dataset import instrument_order, raw_rows, window_index
 from hft_infer.models.evaluation import window_logits
 from hft_infer.transport.schema import Decision, Outcome
@@ -75,7 +75,7 @@ def reference_scores(model, events: np.ndarray, *, mode: str) -> np.ndarray:
     if n == 0:
         return out
     with torch.inference_mode():
-        if spec.kind == "mlp":
+        if spec.kind in ("mlp", "custom"):  # window models: missing rows are zero rows
             index, _ = window_index(events, spec.window)
             return scores_from_logits(window_logits(model, rows, index)).double().numpy()
         order, starts, counts = instrument_order(events)
@@ -119,12 +119,12 @@ def policy_actions(scores: list[float], threshold: float, hysteresis: float) -> 
 
 def verify(decisions: list[Decision], events: np.ndarray, cfg: Config, *, tolerance: float = DEFAULT_TOLERANCE,
            service_model_version: str | None = None) -> VerifyResult:
-    model, version = load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
-                                mode=cfg.model.mode)
+    model, version = load_configured(cfg.model)
     if service_model_version and service_model_version != version:
         raise ValueError(f"the service runs {service_model_version} but the config names {version}: "
                          "verify with the service's config")
-    model = model.double()  # the reference in float64; differences are the service's float32 rounding
+    if model.spec.kind != "custom":  # a custom module runs as given (it may fix its own dtypes)
+        model = model.double()  # the reference in float64; differences are the service's float32 rounding
     ref = reference_scores(model, events, mode=cfg.model.mode)
     key = {(int(i), int(s)): k for k, (i, s) in enumerate(zip(events["instrument"].tolist(), events["seq"].tolist()))}
     by_inst: dict[int, list[tuple[int, Decision, int]]] = {}

@@ -1,7 +1,9 @@
 """Model family (mlp, lstm), executors, decision policy and checkpoints.
 
-`build_model(spec, seed)` builds a seeded random model; `load_model` (in
-`checkpoint`) is what the service calls.
+`build_model(spec, seed)` builds a seeded random model; `custom.load_configured`
+(a config's `[model]`: `checkpoint.load_model`, or a user's module through
+`custom.load_custom`) is what the service calls; `training` trains the
+built-in families (`hft-infer train`).
 """
 
 from __future__ import annotations

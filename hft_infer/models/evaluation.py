@@ -62,6 +62,10 @@ def window_logits(model: WindowModel, rows: np.ndarray, index: np.ndarray, chunk
 def evaluate(model: WindowModel, events: np.ndarray, *, horizon: int, dead_zone_ticks: float, tick: float
              ) -> dict[str, dict[str, float]]:
     """{predictor: {"accuracy": .., "auc": ..}} plus {"labels": {class frequencies, n}} on `events`."""
+    if events.shape[0] == 0:
+        nan = {"accuracy": float("nan"), "auc": float("nan")}
+        return {**{name: dict(nan) for name in PREDICTORS},
+                "labels": {"n": 0.0, "down": float("nan"), "flat": float("nan"), "up": float("nan")}}
     rows = ds.raw_rows(events, model.spec.levels)
     labels, valid = ds.future_move_labels(events, rows, horizon, dead_zone_ticks, tick)
     index, _ = ds.window_index(events, model.spec.window)
@@ -79,10 +83,11 @@ def evaluate(model: WindowModel, events: np.ndarray, *, horizon: int, dead_zone_
     }
     directional = y != ds.FLAT
     result: dict[str, dict[str, float]] = {}
+    both = y.size > 0 and 0 < int((y[directional] == ds.UP).sum()) < int(directional.sum())
     for name, (cls, score) in preds.items():
-        result[name] = {
-            "accuracy": float(np.mean(cls == y)),
-            "auc": roc_auc(score[directional], y[directional] == ds.UP),
+        result[name] = {  # NaN where the held-out data cannot score it (no labels; no up or no down label)
+            "accuracy": float(np.mean(cls == y)) if y.size else float("nan"),
+            "auc": roc_auc(score[directional], y[directional] == ds.UP) if both else float("nan"),
         }
     freq = np.bincount(y, minlength=3) / max(y.size, 1)
     result["labels"] = {"n": float(y.size), "down": float(freq[0]), "flat": float(freq[1]), "up": float(freq[2])}

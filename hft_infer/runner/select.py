@@ -1,7 +1,9 @@
 """Build the model, feature store and engine for a config, and say why this engine.
 
-`engine = "auto"` takes the graph engine where CUDA works, else eager. The
-persistent engine runs only when configured (it failed its start-up self-check
+`engine = "auto"` takes the graph engine where CUDA works, else eager. A
+custom `model.module` runs on the torch step (models/custom.py on the CPU,
+runner/torch_step.py in CUDA graphs on a GPU); the fused kernels serve the
+built-in families. The persistent engine runs only when configured (it failed its start-up self-check
 on the H200 host; BENCHMARKS.md). Every GPU engine is checked against the CPU
 engine before it serves (runner.self_check, runner/self_check.py). What was chosen and why is returned as
 `Runtime.engine.reason` and printed in serve's start-up line.
@@ -36,6 +38,11 @@ def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
     return window + queued + allowance, allowance
 
 
+def is_custom(model) -> bool:
+    """A user's module (model.module, models/custom.py): served by the torch step, not the fused kernels."""
+    return model.spec.kind == "custom"
+
+
 def is_stateful(model, cfg: Config) -> bool:
     """Models whose per-instrument state needs every row, in order."""
     return model.spec.kind == "lstm" and (cfg.model.mode == "stream" or cfg.model.window_method == "incremental")
@@ -53,12 +60,11 @@ def resolve_device(cfg: Config) -> str:
 
 
 def build_runtime(cfg: Config, n_slots: int) -> Runtime:
-    from hft_infer.models.checkpoint import CheckpointError, load_model
+    from hft_infer.models.custom import load_configured
 
     try:
-        model, version = load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
-                                    mode=cfg.model.mode)
-    except CheckpointError as e:
+        model, version = load_configured(cfg.model)
+    except ValueError as e:  # CheckpointError, CustomModelError: one line naming the file or module
         raise ConfigError(f"model: {e}") from None
     stateful = is_stateful(model, cfg)
     mode = cfg.scheduler.conflate
@@ -77,6 +83,9 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
             raise ConfigError(f"runner.engine = {engine_name!r} needs a CUDA device; this machine runs on cpu "
                               "(use engine = \"auto\" or \"eager\")")
         reason = "cpu device: eager numpy path"
+        if is_custom(model):
+            reason = ("cpu device: eager torch path for the custom module (the numpy and fused paths serve "
+                      "only the built-in mlp/lstm families)")
         if engine_name == "eager":
             reason = "configured eager"
         return _eager(cfg, model, version, n_slots, depth, sequential, conflate, reason, allowance)
@@ -93,6 +102,10 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
 
     store = FeatureStore(n_slots, model.spec.levels, depth, pin_memory=True)
     wanted = cfg.runner.engine
+    custom = is_custom(model)
+    if custom and wanted == "persistent":
+        raise ConfigError("runner.engine = \"persistent\" runs the fused kernels of the built-in mlp/lstm "
+                          "families; a custom model.module runs on \"graph\" (or \"auto\") or \"eager\"")
     # auto leaves the persistent engine out: it failed its self-check on the H200 host
     # (BENCHMARKS.md, "persistent engines"); `engine = "persistent"` still runs it, self-checked
     order = ["graph", "eager"] if wanted == "auto" else [wanted]
@@ -105,10 +118,20 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                           f"eager on the CPU ({reason})", allowance, store=store)
         kstep = engine = None
         try:
-            kstep = KernelStep(model, mode=cfg.model.mode, window_method=cfg.model.window_method,
-                               ring_h=store.tensor, max_batch=r.max_bucket, precision=r.precision,
-                               threshold=cfg.decision.threshold, hysteresis=cfg.decision.hysteresis, device=device)
-            why = "; ".join(refused + [f"{name} works here"]) if wanted == "auto" else f"configured {name}"
+            if custom:
+                from hft_infer.runner.torch_step import TorchStep
+
+                kstep = TorchStep(model, ring_h=store.tensor, max_batch=r.max_bucket, precision=r.precision,
+                                  threshold=cfg.decision.threshold, hysteresis=cfg.decision.hysteresis,
+                                  device=device)
+            else:
+                kstep = KernelStep(model, mode=cfg.model.mode, window_method=cfg.model.window_method,
+                                   ring_h=store.tensor, max_batch=r.max_bucket, precision=r.precision,
+                                   threshold=cfg.decision.threshold, hysteresis=cfg.decision.hysteresis,
+                                   device=device)
+            works = (f"{name} works here: the custom module in one CUDA graph per bucket (the fused kernels "
+                     f"serve only the built-in families)" if custom else f"{name} works here")
+            why = "; ".join(refused + [works]) if wanted == "auto" else f"configured {name}"
             if name == "persistent":
                 engine = PersistentEngine(kstep, max_batch=r.max_bucket, sink_slot=store.sink_slot, reason=why,
                                           watchdog_ms=r.watchdog_ms, max_inflight=max(2, r.max_inflight))
@@ -151,8 +174,13 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
 
     store = store or FeatureStore(n_slots, model.spec.levels, depth)
     max_bucket = cfg.runner.max_bucket
-    executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
-                              window_method=cfg.model.window_method)
+    if is_custom(model):
+        from hft_infer.models.custom import CustomExecutor
+
+        executor = CustomExecutor(model, store.tensor, max_bucket)
+    else:
+        executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
+                                  window_method=cfg.model.window_method)
     policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
     reason = f"{reason}; {type(executor).__name__}"  # which executor runs the step (models/build.py)
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,

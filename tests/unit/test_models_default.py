@@ -1,5 +1,5 @@
 """The shipped default model: the default config serves it, and its held-out metrics
-(written into the checkpoint by tools/train_default.py) are reproduced on freshly
+(written into the checkpoint by `hft-infer train`, tools/train_default.py) are reproduced on freshly
 generated data; plus the dataset helpers the training and the metrics rely on."""
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def test_heldout_metrics_are_reproduced_and_beat_naive_predictors():
     info = header.extra
     recorded = info["heldout_metrics"]
     model, _ = load_model("builtin:default")
-    data = msgspec.convert(info["heldout_data"], type=SyntheticConfig)
-    events = generate(info["heldout_events"], data)
+    data = msgspec.convert(info["data"]["heldout"], type=SyntheticConfig)
+    events = generate(info["data"]["heldout_events"], data)
     fresh = evaluate(model, events, horizon=info["horizon_events"], dead_zone_ticks=info["dead_zone_ticks"],
                      tick=data.tick)
     for name in PREDICTORS:
