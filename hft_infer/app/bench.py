@@ -105,6 +105,8 @@ def model_levels(cfg: Config) -> int:
     checkpoint is a one-line error."""
     from hft_infer.models.checkpoint import CheckpointError, load_model
 
+    if cfg.model.module:  # your own module: its row width is declared in the config
+        return cfg.model.levels
     try:
         return load_model(cfg.model.checkpoint, preset=cfg.model.preset, seed=cfg.model.seed,
                           mode=cfg.model.mode)[0].spec.levels

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "dashboard", "check-config", "systemd-unit", "keys"]
+SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "dashboard", "check-config", "systemd-unit", "keys",
+               "train"]
 
 
 def run(*args, **kw):

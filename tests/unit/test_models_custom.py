@@ -126,3 +126,13 @@ def test_a_forward_that_fails_mid_stream_is_an_engine_failure():
     ex.step(np.arange(3), np.zeros(3, np.int64), out[:3])
     with pytest.raises(EngineFailure, match=r"forward on a batch of 4 raised RuntimeError: this model breaks"):
         ex.step(np.arange(4), np.zeros(4, np.int64), out)
+
+
+def test_bench_and_replay_feed_a_custom_model_the_levels_its_config_declares():
+    """bench/replay size the synthetic books from model_levels(): a module's own levels, not
+    the built-in checkpoint's 10."""
+    from hft_infer.app.bench import model_levels
+
+    assert model_levels(load_config(None, [])) == 10
+    cfg = load_config(None, [f'model.module="{CNN}"', "model.levels=4"])
+    assert model_levels(cfg) == 4
