@@ -5,7 +5,9 @@ custom `model.module` runs on the torch step (models/custom.py on the CPU,
 runner/torch_step.py in CUDA graphs on a GPU); the fused kernels serve the
 built-in families. The persistent engine runs only when configured (it failed its start-up self-check
 on the H200 host; BENCHMARKS.md). Every GPU engine is checked against the CPU
-engine before it serves (runner.self_check, runner/self_check.py). What was chosen and why is returned as
+engine before it serves (runner.self_check, runner/self_check.py), and `auto` refuses one that is right but
+more than SPEED_MARGIN times slower than the CPU engine on that stream (measured on the H200 host: the graph
+engine's lstm_a step took ~14.6 ms at 916d9c4). What was chosen and why is returned as
 `Runtime.engine.reason` and printed in serve's start-up line.
 """
 
@@ -98,7 +100,9 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
     warmed up and self-checked here, so a failure falls through to the next. The GPU
     kernels read rows straight from the pinned host feature ring: the MLP, which reads its
     whole window from it, is stateless on the device and may conflate as on the CPU."""
+    from hft_infer.runner.base import EngineFailure
     from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
+    from hft_infer.runner.self_check import too_slow
 
     store = FeatureStore(n_slots, model.spec.levels, depth, pin_memory=True)
     wanted = cfg.runner.engine
@@ -140,7 +144,13 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                                      check_addresses=r.check_graph_addresses, max_inflight=r.max_inflight)
             engine.warm_up()
             if r.self_check:
-                _self_check(cfg, model, version, n_slots, depth, sequential, conflate, allowance, engine, store)
+                engine_s, cpu_s = _self_check(cfg, model, version, n_slots, depth, sequential, conflate,
+                                              allowance, engine, store)
+                slow = too_slow(name, engine_s, cpu_s)
+                if slow and wanted == "auto":
+                    raise EngineFailure(slow)
+                engine.reason += (f"; self-check stream {engine_s * 1e3:.2f} ms here, {cpu_s * 1e3:.2f} ms on "
+                                  f"the CPU engine" + (f" (WARNING: {slow})" if slow else ""))
             return Runtime(model, version, store, engine, sequential, conflate, allowance)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
             if engine is not None:
@@ -152,18 +162,20 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
 
 
 def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
-                allowance: int, engine, store: FeatureStore) -> None:
+                allowance: int, engine, store: FeatureStore) -> tuple[float, float]:
     """runner.self_check: the warmed-up engine against the CPU engine on a fixed stream
-    (runner/self_check.py); raises EngineFailure when they disagree, else leaves the
-    engine's state and the rows zeroed."""
-    from hft_infer.runner.self_check import compare
+    (runner/self_check.py); raises EngineFailure when they disagree, else times the stream
+    through both and leaves the engine's state and the rows zeroed. (engine s, CPU s)."""
+    from hft_infer.runner.self_check import compare, time_stream
 
     ref = _eager(cfg, model, version, n_slots, depth, sequential, conflate, "self-check reference", allowance)
     try:
         compare(engine, store, ref.engine, ref.store, n_slots=n_slots, precision=cfg.runner.precision)
+        timing = time_stream(engine, store, ref.engine, ref.store, n_slots=n_slots)
     finally:
         ref.engine.close()
     engine.reset()
+    return timing
 
 
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,

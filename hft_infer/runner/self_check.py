@@ -15,11 +15,19 @@ to fourth request of a stream, deterministically (BENCHMARKS.md, "persistent
 engines"); a check that runs on the machine that serves catches this and any
 future regression of the same kind at start-up, in a few hundred steps.
 
-Cost: STEPS batches on each engine (~0.1-0.5 s on a GPU, dominated by the CPU
+The same stream is then timed through both engines (`time_stream`), and `engine = "auto"`
+refuses a device engine that takes more than SPEED_MARGIN times as long as the CPU engine
+for it: a device engine that computes the right thing far too slowly (measured on the
+H200 host at 916d9c4: the graph engine's lstm_a step ~14.6 ms at batch 1 against ~40 µs a
+wave earlier) would turn every overload into a collapse; the CPU engine then serves.
+
+Cost: ROWS rows, in ~60 batches, twice on each engine (~0.1-0.5 s on a GPU, dominated by the CPU
 reference). The engine's model state and the feature rows are zeroed afterwards.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -27,6 +35,9 @@ from hft_infer.features import FeatureStore
 from hft_infer.runner.base import EngineFailure
 
 ROWS = 300
+SPEED_MARGIN = 2.0
+"""`auto` refuses a device engine slower than this many times the CPU engine on the check stream
+(generous: the stream's batches are small, where a GPU step gains least over the CPU)."""
 TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}  # |score| is O(0.1); fp32 differences seen ~1e-6
 """Largest score difference accepted, by runner.precision (different summation orders and,
 for tf32/bf16, products rounded to 10/7 mantissa bits)."""
@@ -101,3 +112,29 @@ def compare(engine, store: FeatureStore, reference, reference_store: FeatureStor
             f"{tol:g} (largest {worst:.3g}; first at row {first}, request {req} of {len(batches)}, "
             f"batch of {batches[req]}): this engine computes something else here")
     return worst
+
+
+def time_stream(engine, store: FeatureStore, reference, reference_store: FeatureStore, *,
+                n_slots: int) -> tuple[float, float]:
+    """Seconds the check stream takes through `engine` and through `reference` (after `compare`:
+    both warm, every CUDA graph replayed once). Both stores are left zeroed; the engines'
+    model state is not (the caller resets it)."""
+    max_batch = min(engine.max_batch, reference.max_batch)
+    data, slots, batches = check_stream(store.width, n_slots, max_batch, seed=11)
+    t0 = time.perf_counter()
+    drive(engine, store, data, slots, batches)
+    t1 = time.perf_counter()
+    drive(reference, reference_store, data, slots, batches)
+    t2 = time.perf_counter()
+    store.reset()
+    reference_store.reset()
+    return t1 - t0, t2 - t1
+
+
+def too_slow(name: str, engine_s: float, cpu_s: float) -> str | None:
+    """Why `auto` refuses a device engine that took `engine_s` for the check stream against the
+    CPU engine's `cpu_s`, or None when it is fast enough."""
+    if engine_s <= SPEED_MARGIN * cpu_s:
+        return None
+    return (f"{name} is slower than the CPU engine here: the self-check stream took {engine_s * 1e3:.2f} ms "
+            f"on it against {cpu_s * 1e3:.2f} ms on the CPU (more than {SPEED_MARGIN:g}x)")

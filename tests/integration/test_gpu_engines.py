@@ -191,9 +191,14 @@ def test_persistent_engine_stops_and_its_watchdog_trips():
 
 @pytest.mark.parametrize("preset, mode", CASES)
 def test_auto_picks_the_self_checked_graph_engine_for_every_family_and_says_why(preset, mode):
+    """Graph, timed against the CPU engine in its reason; or, where the graph engine is right but
+    more than SPEED_MARGIN times slower than the CPU (runner/self_check.py), eager, saying so."""
     rt = _runtime("auto", preset, mode)
     try:
-        assert rt.engine.name == "graph" and "graph works here" in rt.engine.reason
-        assert rt.conflate == (preset == "mlp_small")  # the MLP reads its window from the host ring
+        if rt.engine.name == "graph":
+            assert "graph works here" in rt.engine.reason and "ms on the CPU engine" in rt.engine.reason
+            assert rt.conflate == (preset == "mlp_small")  # the MLP reads its window from the host ring
+        else:
+            assert rt.engine.name == "eager" and "graph is slower than the CPU engine here" in rt.engine.reason
     finally:
         rt.engine.close()

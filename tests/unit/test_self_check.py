@@ -9,7 +9,7 @@ import pytest
 from hft_infer.config import load_config
 from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
-from hft_infer.runner.self_check import check_stream, compare
+from hft_infer.runner.self_check import SPEED_MARGIN, check_stream, compare, time_stream, too_slow
 
 N = 8
 
@@ -43,3 +43,17 @@ def test_an_engine_that_computes_something_else_is_refused_with_the_figures():
     a, b = _eager(3), _eager(4)  # other weights: other scores
     with pytest.raises(EngineFailure, match=r"self-check failed: \d+ of 300 scores differ .* first at row 0"):
         compare(a.engine, a.store, b.engine, b.store, n_slots=N, precision="bf16")
+
+
+def test_the_stream_is_timed_through_both_engines_and_the_rows_left_zeroed():
+    a, b = _eager(3), _eager(3)
+    engine_s, cpu_s = time_stream(a.engine, a.store, b.engine, b.store, n_slots=N)
+    assert engine_s > 0 and cpu_s > 0
+    assert not a.store.array.any() and not b.store.array.any() and a.store.count == [0] * (N + 1)
+
+
+def test_auto_refuses_a_device_engine_slower_than_the_margin_and_says_by_how_much():
+    assert too_slow("graph", 0.010, 0.006) is None  # within SPEED_MARGIN: the device engine serves
+    why = too_slow("graph", 0.840, 0.006)
+    assert why is not None and "graph is slower than the CPU engine" in why and "840.00 ms" in why
+    assert "6.00 ms" in why and f"{SPEED_MARGIN:g}x" in why
