@@ -238,16 +238,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         start = perf_ns() + START_LEAD_NS
         if stats is not None and load.measure_from:
             stats.measure_after_ns = EpochClock().epoch(start + int(load.offsets_ns[load.measure_from]))
-        progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
-        pacer.send("go", start)
-        schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
-        # the schedule, a pacer that falls behind it, and --max (no schedule): at least 20k events/s
-        done = wait_replies({pacer: "done"}, schedule_s * 3 + len(load.feed) / 20_000 + 120.0, on_idle=idle,
-                            on_line=lambda c, ln: progress.update(*map(int, ln.split()[1:3]))
-                            if progress is not None and ln.startswith("progress") else None)
-        if progress:
-            progress.done(int(done[pacer].split()[1]))
-        wait_replies(send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
+        run_schedule(pacer, collectors, load, start, label=label, quiet=quiet, idle=idle)
         if service is not None:
             service.proc.terminate()
             got = wait_replies(send_all(collectors[:1], "final", 30.0), 40.0, on_idle=lambda: stats and stats.poll())
@@ -346,6 +337,22 @@ def placed_hot_cores(log_path: Path) -> list[int] | None:
     if m is None:
         return None
     return [] if m.group(1) == "-" else parse_cpulist(m.group(1))
+
+
+def run_schedule(pacer: Child, collectors: list[Child], load: Load, start_ns: int, *, label: str, quiet: bool,
+                 idle) -> None:
+    """Start the pacer at `start_ns`, show its progress, wait until it has sent the whole feed,
+    then until every collector has seen the decisions go quiet (`idle` runs while waiting)."""
+    progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
+    pacer.send("go", start_ns)
+    schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
+    # the schedule, a pacer that falls behind it, and --max (no schedule): at least 20k events/s
+    done = wait_replies({pacer: "done"}, schedule_s * 3 + len(load.feed) / 20_000 + 120.0, on_idle=idle,
+                        on_line=lambda c, ln: progress.update(*map(int, ln.split()[1:3]))
+                        if progress is not None and ln.startswith("progress") else None)
+    if progress:
+        progress.done(int(done[pacer].split()[1]))
+    wait_replies(send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
 
 
 def send_all(children: list[Child], *words) -> dict[Child, str]:

@@ -45,11 +45,11 @@ from hft_infer.app.drive import (
     START_LEAD_NS,
     HarnessOptions,
     Load,
-    Progress,
     StatsReceiver,
     Target,
     machine_info,
     placed_hot_cores,
+    run_schedule,
     send_all,
 )
 from hft_infer.app.launcher import (
@@ -263,15 +263,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             for st in stats:
                 if st is not None:
                     st.measure_after_ns = after
-        progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
-        pacer.send("go", start)
-        schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
-        done = wait_replies({pacer: "done"}, schedule_s * 3 + len(load.feed) / 20_000 + 120.0, on_idle=idle,
-                            on_line=lambda c, ln: progress.update(*map(int, ln.split()[1:3]))
-                            if progress is not None and ln.startswith("progress") else None)
-        if progress:
-            progress.done(int(done[pacer].split()[1]))
-        wait_replies(send_all(coll, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
+        run_schedule(pacer, coll, load, start, label=label, quiet=quiet, idle=idle)
         for svc in services:
             svc.proc.terminate()
         got = wait_replies(send_all(coll, "final", 30.0), 40.0, on_idle=lambda: [st.poll() for st in stats if st])

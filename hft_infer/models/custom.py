@@ -52,7 +52,7 @@ from hft_infer.models.base import scores_from_logits, scores_into
 from hft_infer.models.executor import Executor
 from hft_infer.models.features import preprocess, row_width
 from hft_infer.models.spec import OUTPUTS
-from hft_infer.models.torch_executors import as_tensors
+from hft_infer.models.torch_executors import as_tensors, gather_windows
 from hft_infer.runner.base import EngineFailure
 
 INPUTS = ("features", "raw")
@@ -257,10 +257,7 @@ class CustomExecutor(Executor):
         n = self._check_batch(slots)
         idx = torch.add(positions[:, None], self._offsets, out=self._idx[:n])
         missing = torch.lt(idx, 0, out=self._mask[:n])
-        torch.remainder(idx, self.ring_len, out=idx)
-        idx.add_(torch.mul(slots, self.ring_len, out=self._base[:n])[:, None])
-        rows = torch.index_select(self._ring_flat, 0, idx.view(-1), out=self._rows[: n * self.window])
-        rows = rows.view(n, self.window, self.width).masked_fill_(missing[:, :, None], 0.0)
+        rows = gather_windows(self, slots, n).masked_fill_(missing[:, :, None], 0.0)
         x = self._x[:n]
         x.copy_(self.model.features(rows))
         logits = self._logits[:n]

@@ -69,12 +69,18 @@ class _WindowReader(TorchExecutor):
 
     def _gather(self, slots: torch.Tensor, n: int) -> torch.Tensor:
         """Rows at positions self._idx[:n] (absolute) of each slot -> float32 [n, W, F]."""
-        idx = self._idx[:n]
-        torch.remainder(idx, self.ring_len, out=idx)
-        torch.mul(slots, self.ring_len, out=self._base[:n])
-        idx.add_(self._base[:n, None])
-        rows = torch.index_select(self._ring_flat, 0, idx.view(-1), out=self._rows[: n * self.window])
-        return rows.view(n, self.window, self.width)
+        return gather_windows(self, slots, n)
+
+
+def gather_windows(ex, slots: torch.Tensor, n: int) -> torch.Tensor:
+    """The ring rows at absolute positions ex._idx[:n] ([n, W], overwritten) of each slot, as
+    float32 [n, W, F] in ex._rows, through the executor's preallocated ex._base; no allocation."""
+    idx = ex._idx[:n]
+    torch.remainder(idx, ex.ring_len, out=idx)
+    torch.mul(slots, ex.ring_len, out=ex._base[:n])
+    idx.add_(ex._base[:n, None])
+    rows = torch.index_select(ex._ring_flat, 0, idx.view(-1), out=ex._rows[: n * ex.window])
+    return rows.view(n, ex.window, ex.width)
 
 
 class MlpWindowExecutor(_WindowReader):
