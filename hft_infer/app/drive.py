@@ -275,12 +275,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
             service.close()
         if ctx is not None:
             ctx.destroy(linger=0)
-        if saved_env is None:
-            os.environ.pop("HFT_INFER_RUNTIME_DIR", None)
-        else:
-            os.environ["HFT_INFER_RUNTIME_DIR"] = saved_env
-        os.sched_setaffinity(0, saved_mask)
-        shutil.rmtree(work, ignore_errors=True)
+        restore_process(saved_env, saved_mask, work)
 
     answers = decode_frames(frames, np.concatenate(recv_ns) if recv_ns else np.zeros(0, np.int64))
     if load.event_record is None:
@@ -353,6 +348,17 @@ def run_schedule(pacer: Child, collectors: list[Child], load: Load, start_ns: in
     if progress:
         progress.done(int(done[pacer].split()[1]))
     wait_replies(send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
+
+
+def restore_process(saved_env: str | None, saved_mask, work: Path) -> None:
+    """Undo what a drive did to this process: HFT_INFER_RUNTIME_DIR, the CPU affinity; remove
+    its work directory."""
+    if saved_env is None:
+        os.environ.pop("HFT_INFER_RUNTIME_DIR", None)
+    else:
+        os.environ["HFT_INFER_RUNTIME_DIR"] = saved_env
+    os.sched_setaffinity(0, saved_mask)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def send_all(children: list[Child], *words) -> dict[Child, str]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from hft_infer.app.drive import (
     Target,
     machine_info,
     placed_hot_cores,
+    restore_process,
     run_schedule,
     send_all,
 )
@@ -300,12 +300,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             svc.close()
         if ctx is not None:
             ctx.destroy(linger=0)
-        if saved_env is None:
-            os.environ.pop("HFT_INFER_RUNTIME_DIR", None)
-        else:
-            os.environ["HFT_INFER_RUNTIME_DIR"] = saved_env
-        os.sched_setaffinity(0, saved_mask)
-        shutil.rmtree(work, ignore_errors=True)
+        restore_process(saved_env, saved_mask, work)
 
     inst = load.events["instrument"][:sent]
     per_shard, hists, stage_hists = [], [], []

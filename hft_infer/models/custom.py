@@ -52,7 +52,7 @@ from hft_infer.models.base import scores_from_logits, scores_into
 from hft_infer.models.executor import Executor
 from hft_infer.models.features import preprocess, row_width
 from hft_infer.models.spec import OUTPUTS
-from hft_infer.models.torch_executors import as_tensors, gather_windows
+from hft_infer.models.torch_executors import as_tensors, window_rows
 from hft_infer.runner.base import EngineFailure
 
 INPUTS = ("features", "raw")
@@ -255,9 +255,7 @@ class CustomExecutor(Executor):
     def step(self, slots, positions, out) -> None:
         slots, positions, out = as_tensors(slots, positions, out)
         n = self._check_batch(slots)
-        idx = torch.add(positions[:, None], self._offsets, out=self._idx[:n])
-        missing = torch.lt(idx, 0, out=self._mask[:n])
-        rows = gather_windows(self, slots, n).masked_fill_(missing[:, :, None], 0.0)
+        rows = window_rows(self, slots, positions, n)
         x = self._x[:n]
         x.copy_(self.model.features(rows))
         logits = self._logits[:n]

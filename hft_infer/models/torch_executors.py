@@ -72,6 +72,14 @@ class _WindowReader(TorchExecutor):
         return gather_windows(self, slots, n)
 
 
+def window_rows(ex, slots: torch.Tensor, positions: torch.Tensor, n: int) -> torch.Tensor:
+    """Each trigger's window, rows t-W+1..t of its slot (ex._offsets = -W+1..0), oldest first, as
+    float32 [n, W, F] in ex._rows; rows before the instrument's first are zero raw rows."""
+    idx = torch.add(positions[:, None], ex._offsets, out=ex._idx[:n])
+    missing = torch.lt(idx, 0, out=ex._mask[:n])
+    return gather_windows(ex, slots, n).masked_fill_(missing[:, :, None], 0.0)
+
+
 def gather_windows(ex, slots: torch.Tensor, n: int) -> torch.Tensor:
     """The ring rows at absolute positions ex._idx[:n] ([n, W], overwritten) of each slot, as
     float32 [n, W, F] in ex._rows, through the executor's preallocated ex._base; no allocation."""
@@ -94,10 +102,7 @@ class MlpWindowExecutor(_WindowReader):
     def step(self, slots, positions, out) -> None:
         slots, positions, out = as_tensors(slots, positions, out)
         n = self._check_batch(slots)
-        idx = torch.add(positions[:, None], self._offsets, out=self._idx[:n])
-        missing = torch.lt(idx, 0, out=self._mask[:n])
-        rows = self._gather(slots, n)
-        rows.masked_fill_(missing[:, :, None], 0.0)
+        rows = window_rows(self, slots, positions, n)
         h = self.model.features(rows).view(n, -1)
         for layer in self.model.layers:
             h = torch.relu_(torch.nn.functional.linear(h, layer.weight, layer.bias))
