@@ -45,11 +45,14 @@ SHED_LIMIT = 0.01  # capacity: shed at most this share of the events
 
 
 def run_bench(rate: float, duration: float, config: str | None, sets: list[str], work: Path,
-              python: str = sys.executable, label: str = "") -> dict:
-    """One `hft-infer bench` run; its summary (accounting, stages, tick_to_decision, rates)."""
+              python: str = sys.executable, label: str = "", with_floor: bool = False) -> dict:
+    """One `hft-infer bench` run; its summary (accounting, stages, tick_to_decision, rates; with
+    `with_floor`, the null service's run on the same feed first, under "floor")."""
     out = work / f"bench-{label}{int(rate)}-{duration:g}.json"
     cmd = [python, "-m", "hft_infer", "bench", "--rate", str(rate), "--duration", str(duration), "--quiet",
            "--json", str(out), "--run-dir", str(work / f"run-{label}{int(rate)}-{duration:g}")]
+    if with_floor:
+        cmd.append("--with-floor")
     if config:
         cmd += ["-c", config]
     for s in sets:
@@ -79,6 +82,7 @@ def point(r: dict, duration: float) -> dict:
         "decided_per_s": acc["decided"] / seconds, "shed_share": acc["shed"] / sent if sent else 0.0,
         "tick_p50_us": tick.get("p50_us"), "tick_p99_us": tick.get("p99_us"),
         "service_p99_us": service.get("p99_us"),
+        "floor_p99_us": ((r.get("floor") or {}).get("tick_to_decision") or {}).get("p99_us"),
     }
 
 
@@ -88,12 +92,12 @@ def capacity(sweep: list[dict]) -> dict | None:
 
 
 ROW_HEADERS = ["offered/s", "achieved/s", "decided/s", "shed %", "conflated", "lost", "tick p50 µs",
-               "tick p99 µs", "service p99 µs"]
+               "tick p99 µs", "floor p99 µs", "service p99 µs"]
 
 
 def _row(p: dict) -> list:
     return [p["offered"], p["achieved"], p["decided_per_s"], 100 * p["shed_share"], p["conflated"], p["lost"],
-            p["tick_p50_us"], p["tick_p99_us"], p["service_p99_us"]]
+            p["tick_p50_us"], p["tick_p99_us"], p["floor_p99_us"], p["service_p99_us"]]
 
 
 def plot(points: list[dict], cap: dict | None, path: str) -> None:
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overload-duration", type=float, default=5.0, help="seconds per overload point (default 5)")
     ap.add_argument("--baseline-python", metavar="PY",
                     help="also run every point with this interpreter (another checkout's venv), interleaved")
+    ap.add_argument("--with-floor", action="store_true",
+                    help="run each point against the null service first (bench --with-floor): the harness "
+                         "floor's tick p99 from the same run beside the service's")
     ap.add_argument("--json", help="write the points, capacity and verdicts here (with provenance)")
     ap.add_argument("--plot", help="write the goodput curve as a PNG here")
     a = ap.parse_args(argv)
@@ -147,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for k, rate in enumerate(rates):
             for v, py in (variants if k % 2 == 0 else variants[::-1]):
-                sweep[v].append(point(run_bench(rate, a.duration, a.config, a.set, work, py, v), a.duration))
+                r = run_bench(rate, a.duration, a.config, a.set, work, py, v, a.with_floor)
+                sweep[v].append(point(r, a.duration))
                 print(v, table(ROW_HEADERS, [_row(sweep[v][-1])]).splitlines()[-1], file=sys.stderr, flush=True)
         caps = {v: capacity(sweep[v]) for v, _ in variants}
         for k, m in enumerate(multiples):
@@ -155,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 cap = caps[v]
                 if cap is None:
                     continue
-                p = point(run_bench(m * cap["offered"], a.overload_duration, a.config, a.set, work, py, v),
+                p = point(run_bench(m * cap["offered"], a.overload_duration, a.config, a.set, work, py, v,
+                                    a.with_floor),
                           a.overload_duration)
                 achieved_multiple = (p["achieved"] or p["offered"]) / cap["offered"]
                 p |= {"multiple": m, "achieved_multiple": achieved_multiple,

@@ -31,3 +31,9 @@ def test_an_unaccounted_event_is_seen():
     p_bad = point({**_run(1000, 10, 0, 0), "accounting": {"sent": 12, "decided": 10, "shed": 0, "conflated": 0,
                                                           "rejected": 0, "lost": 0}}, 3.0)
     assert p["accounted"] and not p_bad["accounted"]
+
+
+def test_a_point_carries_the_floor_of_its_own_run():
+    run = {**_run(1000, 10, 0, 0), "floor": {"tick_to_decision": {"p50_us": 3.0, "p99_us": 7.5}}}
+    assert point(run, 3.0)["floor_p99_us"] == 7.5
+    assert point(_run(1000, 10, 0, 0), 3.0)["floor_p99_us"] is None  # run without --with-floor
