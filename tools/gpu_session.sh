@@ -111,9 +111,11 @@ work, out = Path(sys.argv[1]), Path(sys.argv[2])
 def load(name):
     p = work / f"{name}.json"
     try:
-        return json.loads(p.read_text())
+        doc = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+    # tools/benchlib.write_json wraps rows as {"meta": provenance, "result": rows}
+    return doc["result"] if isinstance(doc, dict) and set(doc) == {"meta", "result"} else doc
 
 def f(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
@@ -224,8 +226,9 @@ elif [ "$phase" = land ]; then
   # goodput curve, the engines, the per-event costs, shards and the shared-memory transport when
   # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_gather.py 2>/dev/null)
-  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
-       tests/kernels/test_kernel_persistent.py $custom
+  # the custom-model tests first: behind a slow engine the long engine tests ran out the step at 916d9c4
+  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench floor_10k 25 -c configs/gpu.toml --null-service --rate 10000 --duration 2 --warmup 1
   bench floor_100k 25 -c configs/gpu.toml --null-service --rate 100000 --duration 2 --warmup 1
