@@ -12,6 +12,8 @@ barrier (persistent=False). Eager launches add ~10 µs each; the ratios are what
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 
 import torch
@@ -23,6 +25,9 @@ from hft_infer.runner.select import build_runtime
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("diag_graph_inputs: needs a CUDA device (it times the GPU graph engine)")
     cfg = load_config(None, ['model.checkpoint=""', 'model.preset="lstm_a"', 'runner.engine="graph"',
                              "runner.buckets=[1, 2, 4, 8]", "scheduler.max_batch=8", "universe.instruments=8",
                              'runner.device="cuda"', "runner.self_check=false"])
