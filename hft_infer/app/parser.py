@@ -91,10 +91,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "'synthetic', LOBSTER message/orderbook CSV files or folders, or a capture file from "
         "`hft-infer record`. By default the service named by the config must be running (replay binds "
         "its feed endpoint); --start-service runs one as a child instead.")
-    parser.add_argument("sources", nargs="+", metavar="SOURCE",
-                        help="'synthetic', LOBSTER files/folders, or a capture file (.cap)")
-    parser.add_argument("--source", choices=("auto", "synthetic", "lobster", "capture"), default="auto",
-                        help="source kind (default: from the names)")
+    add_source_arguments(parser)
     parser.add_argument("-c", "--config", metavar="FILE",
                         help="the service's config: endpoints, universe, model for --verify (default: embedded)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -228,14 +225,19 @@ TRAIN_HELDOUT_EVENTS = 100_000
 TRAIN_HELDOUT_SEED = 202
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("Train a built-in model (a preset or a spec) on LOBSTER files, a capture file or synthetic "
-                     "data; write a .safetensors checkpoint and print held-out accuracy/AUC against naive "
-                     "predictors.")
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """SOURCE... and --source, as replay and train read market data."""
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="'synthetic', LOBSTER message/orderbook files or folders, or a capture file (.cap)")
     p.add_argument("--source", choices=("auto", "synthetic", "lobster", "capture"), default="auto",
                    help="source kind (default: from the names)")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train a built-in model (a preset or a spec) on LOBSTER files, a capture file or synthetic "
+                     "data; write a .safetensors checkpoint and print held-out accuracy/AUC against naive "
+                     "predictors.")
+    add_source_arguments(p)
     p.add_argument("--out", required=True, metavar="FILE", help="checkpoint to write (.safetensors)")
     model = p.add_mutually_exclusive_group()
     model.add_argument("--preset", default=None, help="model preset (default mlp_small)")
