@@ -37,6 +37,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
+from benchlib import write_json
 from fuzzlib import mutate
 
 from hft_infer.app.launcher import ServiceProcess, open_feed_publisher, private_runtime_dir, subscribe_decisions
@@ -229,7 +230,7 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=2))
+        write_json(a.json, result)  # with provenance: command, machine, commit, versions
     ok = (code == 0 and final is not None and final.pending == 0 and result["identity_holds"] and alive
           and final.received == events_sent and len(answered) >= exp["readable_invalid"] and not phantom)
     if not ok:

@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -133,7 +134,21 @@ def machine_info() -> dict:
     except OSError:
         pass
     return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "commit": source_commit()}
+
+
+def source_commit() -> str:
+    """The commit of the code that ran: $HFT_COMMIT (tools/gpu_session.sh sets it: a device copy
+    of the tree may carry an older .git) or the checkout's HEAD; "unknown" for an installed copy."""
+    commit = os.environ.get("HFT_COMMIT")
+    if commit:
+        return commit
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                           cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return r.stdout.strip() if r.returncode == 0 else "unknown"
 
 
 def _collector_topics(cfg: Config, k: int, n: int) -> list[str] | None:
