@@ -49,10 +49,13 @@ from hft_infer.kernels.ring import ring_gather_reference, ring_scatter_reference
 def _mlp_partial(pid, bt, ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R, mean_ptr, istd_ptr, w1_ptr, part_ptr,
                  F: tl.constexpr, W: tl.constexpr, H1P: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  NCHUNK: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, NEW_ROWS: tl.constexpr,
-                 VOL: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr):
+                 VOL: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr,
+                 DENSE: tl.constexpr):
     """Layer 1, program pid = (nb, ks), batch tile bt: the partial sum over input chunks
     ks*CPS.. of hidden columns nb*BN.. -> part[ks, b, nb*BN:...]. Window rows come from the
-    ring (VOL: volatile loads, e.g. the host feature ring under a persistent kernel)."""
+    ring (VOL: volatile loads, e.g. the host feature ring under a persistent kernel), or
+    (DENSE) from gathered windows [n, W, F], entry b's oldest row first (R == W; rows before
+    the instrument's first are already zero there; slots index only the policy's state)."""
     NBLK: tl.constexpr = H1P // BN
     KIN: tl.constexpr = W * F
     nb = pid % NBLK
@@ -64,9 +67,14 @@ def _mlp_partial(pid, bt, ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R, mea
     # Per-row int32 bases keep the [BLOCK_B, BK] index tiles 32-bit (registers):
     # ring row of window row wi = (pr + R - (W-1) + wi) mod R, with pr = pos mod R
     # (floored) and R >= W; rows before position 0 have wi < lead.
-    pr = (((pos % R) + R) % R).to(tl.int32)
-    lead = tl.minimum(tl.maximum((W - 1) - pos, 0), W).to(tl.int32)
-    slot_base = slot.to(tl.int32) * R
+    if DENSE:  # window row wi of entry b is row b*W + wi: pr = W-1, nothing before position 0
+        slot_base = b.to(tl.int32) * W
+        pr = tl.zeros_like(slot_base) + (W - 1)
+        lead = tl.zeros_like(slot_base)
+    else:
+        pr = (((pos % R) + R) % R).to(tl.int32)
+        lead = tl.minimum(tl.maximum((W - 1) - pos, 0), W).to(tl.int32)
+        slot_base = slot.to(tl.int32) * R
     kk = tl.arange(0, BK)
     nn = tl.arange(0, BN)
     acc = tl.zeros([BLOCK_B, BN], dtype=tl.float32)
@@ -151,13 +159,13 @@ def _mlp_kernel(
     NUM_HIDDEN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NCHUNK: tl.constexpr,
     KSPLIT: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, BK1: tl.constexpr,
     NEW_ROWS: tl.constexpr, HOST_IN: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr,
-    UPCAST: tl.constexpr, OUT_C: tl.constexpr,
+    UPCAST: tl.constexpr, OUT_C: tl.constexpr, DENSE: tl.constexpr,
 ):
     NBLK: tl.constexpr = H1P // BN
     pid = tl.program_id(0)
     bt = tl.program_id(1)
     _mlp_partial(pid, bt, ring_ptr, rows_ptr, slots_ptr, pos_ptr, n_rows, R, mean_ptr, istd_ptr, w1_ptr, part_ptr,
-                 F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, NEW_ROWS, HOST_IN, PREC, BF16, UPCAST)
+                 F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, NEW_ROWS, HOST_IN, PREC, BF16, UPCAST, DENSE)
     if NEW_ROWS:
         if pid == 0:  # fused ring scatter (one program per batch tile writes)
             b = bt * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -320,7 +328,7 @@ def alloc_mlp_workspace(w: MlpWeights, max_batch: int) -> MlpWorkspace:
 
 def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
              thresholds: torch.Tensor, held: torch.Tensor, out: torch.Tensor,
-             rows: torch.Tensor | None = None, *, num_warps: int = 4) -> None:
+             rows: torch.Tensor | None = None, *, dense: bool = False, num_warps: int = 4) -> None:
     """One MLP step for a batch; writes out [n, OUT_COLS] and held[slots] in place.
 
     ring float32 [n_slots, R >= W, F]; slots, positions [n] (int32/int64; distinct slots
@@ -329,10 +337,14 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
     `positions`) the kernel also writes them into the ring; without, the ring must already
     hold them: the ring may be the pinned host feature ring itself (UVA), with slots, positions
     and out pinned too, so that a CUDA graph of the step is one kernel node with no copies.
+    dense: `ring` holds the batch's gathered windows [n, W, F] instead (kernels/gather.py, entry b's
+    oldest row first, zero rows before the instrument's first): the graph engine stages them on
+    the device so that the step reads no host memory; slots then index only held.
     No allocation, no host sync: safe to capture in a CUDA graph."""
     n = slots.shape[0]
     if (n > ws.max_batch or ring.shape[1] < w.window or ring.shape[2] != w.features
-            or ring.numel() >= 2**31):  # int32 offsets into the ring
+            or ring.numel() >= 2**31  # int32 offsets into the ring
+            or (dense and (ring.shape[0] < n or ring.shape[1] != w.window or rows is not None))):
         raise ValueError(f"batch {n} (max {ws.max_batch}) or ring {tuple(ring.shape)} does not fit the model "
                          f"(W={w.window}, F={w.features})")
     prec, bf16 = dot_flags(w.precision)
@@ -348,7 +360,7 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
         F=w.features, W=w.window, H1P=w.h1p, H2P=w.h2p, HLP=w.hlp, NUM_HIDDEN=w.num_hidden,
         BN=w.bn, BK=w.bk, NCHUNK=w.nchunk, KSPLIT=w.ksplit, CPS=w.cps, BLOCK_B=block_b,
         BK1=min(32, w.h1p), NEW_ROWS=new_rows, HOST_IN=host_in, PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(),
-        OUT_C=OUT_COLS, num_warps=num_warps)
+        OUT_C=OUT_COLS, DENSE=dense, num_warps=num_warps)
 
 
 # --------------------------------------------------------------------------- reference

@@ -75,7 +75,7 @@ def _mlp_persistent_kernel(
             for bt in range(0, tl.cdiv(n, BLOCK_B)):
                 _mlp_partial(pid, bt, ring_h_ptr, ring_h_ptr, dslots_ptr, dpos_ptr, n, R, mean_ptr, istd_ptr,
                              w1_ptr, part_ptr, F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, False, True,
-                             PREC, BF16, UPCAST)
+                             PREC, BF16, UPCAST, False)
         if (kind == _STEP) | (kind == _RESET):
             # every program arrives for every request, resets included: the lead publishes the
             # next request only once all of them have read this one's mailbox

@@ -38,9 +38,11 @@ def test_gather_matches_the_reference(window, width, rows):
     positions = torch.tensor([0, window - 2, 3 * rows + 1, 0, window + 4], dtype=torch.int64, device=dev).clamp(min=0)
     out = torch.full((5, window, width), float("nan"), device=dev)
     slots_out = torch.full((5,), -1, dtype=torch.int64, device=dev)
-    gather_window(ring, slots, positions, out, slots_out)
+    positions_out = torch.full((6,), -1, dtype=torch.int64, device=dev)  # longer than the batch: [:n] written
+    gather_window(ring, slots, positions, out, slots_out, positions_out)
     torch.testing.assert_close(out, gather_window_reference(ring, slots, positions, window), rtol=0, atol=0)
     assert slots_out.tolist() == slots.tolist()
+    assert positions_out.tolist() == positions.tolist() + [-1]
 
 
 def test_gather_refuses_shapes_that_do_not_agree():

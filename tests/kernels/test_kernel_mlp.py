@@ -10,6 +10,7 @@ import torch
 from kernels_testlib import TOL, check_out, make_mlp, make_rows, make_schedule, require_device
 
 from hft_infer.kernels.common import OUT_COLS
+from hft_infer.kernels.gather import gather_window
 from hft_infer.kernels.mlp import alloc_mlp_workspace, mlp_step, mlp_step_reference, prepare_mlp_weights
 from hft_infer.kernels.ring import ring_scatter, ring_scatter_reference
 
@@ -28,6 +29,7 @@ class Case:
     block_k: int = 64
     ksplit: int | None = None
     new_rows: bool = True  # rows staged with the step (fused scatter) or already in the ring
+    gathered: bool = False  # (rows in the ring) the windows gathered first, read dense: the graph engine's way
     pad: int = 1  # padding-sink entries appended to every batch
     held_dtype: torch.dtype = torch.int32  # the CPU decision policy keeps int8
 
@@ -40,6 +42,7 @@ def _cases():
         Case("cpu", 3, 3, (20,), "fp32", (2, 3), 3, 4, block_n=16, block_k=32),
         Case("cpu", 2, 4, (24, 10), "fp32", (3,), 3, 4, block_n=16, block_k=16, new_rows=False,
              held_dtype=torch.int8),
+        Case("cpu", 2, 4, (24, 10), "fp32", (3, 1), 3, 5, block_n=16, block_k=16, new_rows=False, gathered=True),
     ]
     gpu = [Case("cuda", 10, 32, (128, 64), p, (1, 8, 64, 8, 1), 70, 40) for p in ("fp32", "tf32", "bf16")]
     gpu += [
@@ -47,11 +50,11 @@ def _cases():
         Case("cuda", 3, 7, (100, 37), "fp32", (70, 5, 70), 80, 9, ksplit=5),
         Case("cuda", 3, 7, (45,), "bf16", (33, 2), 40, 7, block_n=16),
         Case("cuda", 10, 32, (128, 64), "fp32", (8, 64), 70, 32, new_rows=False, held_dtype=torch.int8),
+        Case("cuda", 10, 32, (128, 64), "fp32", (1, 8, 64), 70, 40, new_rows=False, gathered=True),
     ]
-    out = [pytest.param(c, id=f"cpu-{c.precision}-{c.hidden}-W{c.window}-{'rows' if c.new_rows else 'ring'}")
-           for c in cpu]
-    out += [pytest.param(c, marks=pytest.mark.gpu,
-                         id=f"cuda-{c.precision}-{c.hidden}-W{c.window}-{'rows' if c.new_rows else 'ring'}")
+    src = lambda c: "rows" if c.new_rows else ("gathered" if c.gathered else "ring")  # noqa: E731
+    out = [pytest.param(c, id=f"cpu-{c.precision}-{c.hidden}-W{c.window}-{src(c)}") for c in cpu]
+    out += [pytest.param(c, marks=pytest.mark.gpu, id=f"cuda-{c.precision}-{c.hidden}-W{c.window}-{src(c)}")
             for c in gpu]
     return out
 
@@ -96,7 +99,13 @@ def test_mlp_step_matches_references(case: Case):
             ring_scatter(ring_k, rows.to(dev), slots.to(dev), positions.to(dev))
             for r in (ring_32, ring_64):
                 ring_scatter_reference(r, rows, slots, positions)
-            mlp_step(w, ws, ring_k, slots.to(dev), positions.to(dev), thresholds, held_k, out)
+            if case.gathered:
+                windows = torch.full((n, case.window, f), float("nan"), device=dev)
+                dslots = torch.full((n,), -1, dtype=torch.int64, device=dev)
+                gather_window(ring_k, slots.to(dev), positions.to(dev), windows, dslots)
+                mlp_step(w, ws, windows, dslots, positions.to(dev), thresholds, held_k, out, dense=True)
+            else:
+                mlp_step(w, ws, ring_k, slots.to(dev), positions.to(dev), thresholds, held_k, out)
         ref_rows = rows if case.new_rows else None
         out32 = mlp_step_reference(params, ring_32, slots, positions, torch.tensor(thr), held_32,
                                    torch.empty(n, OUT_COLS), rows=ref_rows)
