@@ -31,13 +31,13 @@ from hft_infer.runner.gpu import GraphEngine, KernelStep
 from hft_infer.runner.select import build_runtime
 
 
-def _per_step(label: str, fn, n: int = 200) -> None:
+def _per_step(label: str, fn, *args, n: int = 200, **kwargs) -> None:
     for _ in range(5):
-        fn()
+        fn(*args, **kwargs)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        fn()
+        fn(*args, **kwargs)
     torch.cuda.synchronize()
     print(f"  {label:62s} {1e6 * (time.perf_counter() - t0) / n:10.1f} µs/step", flush=True)
 
@@ -77,15 +77,15 @@ def main() -> None:
               flush=True)
         in_place = _in_place_engine(cfg, rt)
         for b in batches:
-            _per_step(f"batch {b}: graph engine, staged inputs (the service's)", lambda: eng.step(b), n=100)
-            _per_step(f"batch {b}: graph engine, host memory read in place",
-                      lambda: in_place.step(b), n=5 if preset.startswith("lstm") else 50)
+            _per_step(f"batch {b}: graph engine, staged inputs (the service's)", eng.step, b, n=100)
+            _per_step(f"batch {b}: graph engine, host memory read in place", in_place.step, b,
+                      n=5 if preset.startswith("lstm") else 50)
             from hft_infer.kernels.gather import gather_window
 
             sl = torch.arange(b, dtype=torch.int64).pin_memory()
             po = torch.zeros(b, dtype=torch.int64).pin_memory()
-            _per_step(f"batch {b}: gather node alone (eager launch)",
-                      lambda: gather_window(ks.ring_h, sl, po, ks.staged[:b], ks.dslots[:b], ks.dpos[:b]))
+            _per_step(f"batch {b}: gather node alone (eager launch)", gather_window, ks.ring_h, sl, po,
+                      ks.staged[:b], ks.dslots[:b], ks.dpos[:b])
             if ks.kind == "lstm" and ks.mode == "window":
                 from hft_infer.kernels.lstm_window import lstm_window_step
 
@@ -93,8 +93,8 @@ def main() -> None:
                 out = torch.zeros(b, OUT_COLS, device="cuda")
                 for persistent in (True, False):
                     _per_step(f"batch {b}: window kernel on device inputs, persistent={persistent} (eager)",
-                              lambda: lstm_window_step(ks.w, ks.ws, ks.h, ks.c, rows, ks.dslots[:b], ks.dpos[:b],
-                                                       ks.thresholds, ks.held, out, persistent=persistent))
+                              lstm_window_step, ks.w, ks.ws, ks.h, ks.c, rows, ks.dslots[:b], ks.dpos[:b],
+                              ks.thresholds, ks.held, out, persistent=persistent)
         eng.close()
         in_place.close()
 

@@ -38,8 +38,8 @@ class _LaunchedEngine(Engine):
     def _launch(self, i, n):
         b = self.pad(i, n)
         dev = self.kstep.device
-        self.kstep.launch(torch.from_numpy(self._slots[i][:b]).to(dev), torch.from_numpy(self._positions[i][:b]).to(dev),
-                          self._out[:b])
+        slots, positions = (torch.from_numpy(a[:b]).to(dev) for a in (self._slots[i], self._positions[i]))
+        self.kstep.launch(slots, positions, self._out[:b])
         out = self._out[:n].cpu()
         self._scores[i][:n] = out[:, 0].numpy()
         self._actions[i][:n] = out[:, 1].numpy()
