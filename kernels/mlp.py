@@ -337,9 +337,9 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
     `positions`) the kernel also writes them into the ring; without, the ring must already
     hold them: the ring may be the pinned host feature ring itself (UVA), with slots, positions
     and out pinned too, so that a CUDA graph of the step is one kernel node with no copies.
-    dense: `ring` holds the batch's gathered windows [n, W, F] instead (kernels/gather.py, entry b's
-    oldest row first, zero rows before the instrument's first): the graph engine stages them on
-    the device so that the step reads no host memory; slots then index only held.
+    dense: `ring` holds the batch's gathered windows [n, W, F] instead (entry b's oldest row first,
+    zero rows before the instrument's first): the graph engine stages them on the device
+    (runner/staging.py) so that the step reads no host memory; slots then index only held.
     No allocation, no host sync: safe to capture in a CUDA graph."""
     n = slots.shape[0]
     if (n > ws.max_batch or ring.shape[1] < w.window or ring.shape[2] != w.features

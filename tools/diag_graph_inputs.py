@@ -1,20 +1,21 @@
 """Where the graph engine's step time goes (run on a CUDA machine; prints µs per step).
 
-    python tools/diag_graph_inputs.py [--presets lstm_a,mlp_small] [--batches 1,8]
+    python tools/diag_graph_inputs.py [--presets lstm_a,mlp_small] [--batches 1,8,64]
 
-Measured on the H200 host at 916d9c4: the graph engine's lstm_a step took ~14.6 ms at batch 1
-(wave 1, with device-staged inputs: 37.8 µs). At that commit the model kernel read slots,
-positions and rows from pinned host memory itself (HOST_IN: every load volatile, a PCIe read
-per tile, layer and phase). The engine now stages them first with one gather node. This
-times, per preset and batch size, in one run:
+History (H200 host): at 916d9c4 the engine's kernels read slots, positions and rows from
+pinned host memory through UVA and lstm_a's step took ~14.6 ms at batch 1. This tool then
+measured (765d37d, 2026-12-02) that such reads are served about one PCIe transaction at a
+time: reading in place 14,933 µs (batch 1) / 48,959 µs (batch 8) per lstm_a step; a gather
+kernel reading each row once 39 µs (lstm_a, one row per entry) and 163 / 858 µs (mlp_small,
+32-row windows, batch 1 / 8). Since then the host gathers the rows into the step's pinned
+staging buffer and the graph copies it to the device in one copy node (runner/staging.py).
 
-- the service's graph engine (staged inputs): `engine.step(n)`, replay + poll + outputs;
-- the same engine reading host memory in place (`stage_inputs=False`: the 916d9c4 layout);
-- the gather node alone, eagerly launched;
-- the LSTM window kernel eagerly launched on device inputs, with and without the grid
-  barrier (persistent=False: L+1 launches).
-
-Eager launches add ~5-10 µs each; the engine rows are what the service pays.
+Per preset and batch size this times, in one run:
+- `engine.step(n)`: the service's graph engine (host gather, replay, poll, outputs);
+- the host gather alone (`StepStaging.gather`, the loop thread's cost per submit);
+- upload + model kernel launched eagerly (adds the launch overhead a graph saves);
+- for window LSTMs, the kernel alone on device inputs with and without the grid barrier
+  (persistent=False: L+1 launches).
 """
 
 from __future__ import annotations
@@ -27,76 +28,61 @@ import torch
 
 from hft_infer.config import load_config
 from hft_infer.kernels.common import OUT_COLS
-from hft_infer.runner.gpu import GraphEngine, KernelStep
 from hft_infer.runner.select import build_runtime
 
 
-def _per_step(label: str, fn, *args, n: int = 200, **kwargs) -> None:
+def _per_step(label: str, fn, *args, n: int = 200, cuda: bool = True, **kwargs) -> None:
     for _ in range(5):
         fn(*args, **kwargs)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         fn(*args, **kwargs)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     print(f"  {label:62s} {1e6 * (time.perf_counter() - t0) / n:10.1f} µs/step", flush=True)
 
 
-def _runtime(preset: str, max_batch: int):
+def _upload_and_launch(ks, st, b: int, out: torch.Tensor) -> None:
+    ks.launch(*st.upload(0, b), out[:b])
+
+
+def _engine(preset: str, max_batch: int):
     cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', 'runner.engine="graph"',
                              f"runner.buckets={sorted({1, 2, 4, 8, max_batch})}", f"scheduler.max_batch={max_batch}",
                              f"universe.instruments={max(8, max_batch)}", 'runner.device="cuda"',
                              "runner.self_check=false"])
-    return cfg, build_runtime(cfg, max(8, max_batch))
-
-
-def _in_place_engine(cfg, rt) -> GraphEngine:
-    """A second graph engine on the same model and host ring, reading host memory in place."""
-    r = cfg.runner
-    ks = KernelStep(rt.model, mode=cfg.model.mode, window_method=cfg.model.window_method, ring_h=rt.store.tensor,
-                    max_batch=r.max_bucket, precision=r.precision, threshold=cfg.decision.threshold,
-                    hysteresis=cfg.decision.hysteresis, device="cuda")
-    eng = GraphEngine(ks, list(r.buckets), sink_slot=rt.store.sink_slot, reason="diag", stage_inputs=False)
-    eng.warm_up()
-    return eng
+    return build_runtime(cfg, max(8, max_batch)).engine
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="lstm_a,mlp_small")
-    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--batches", default="1,8,64")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("diag_graph_inputs: needs a CUDA device (it times the GPU graph engine)")
     batches = [int(b) for b in args.batches.split(",")]
     for preset in args.presets.split(","):
-        cfg, rt = _runtime(preset, max(batches))
-        eng = rt.engine
-        ks = eng.kstep
-        print(f"{preset}: engine {eng.name}, ring_h {tuple(ks.ring_h.shape)} pinned {ks.ring_h.is_pinned()}",
+        eng = _engine(preset, max(batches))
+        ks, st = eng.kstep, eng.staging
+        print(f"{preset}: engine {eng.name}, ring_h {tuple(ks.ring_h.shape)}, {ks.staged_rows} staged rows per entry",
               flush=True)
-        in_place = _in_place_engine(cfg, rt)
+        out = torch.zeros(max(batches), OUT_COLS, device="cuda")
         for b in batches:
-            _per_step(f"batch {b}: graph engine, staged inputs (the service's)", eng.step, b, n=100)
-            _per_step(f"batch {b}: graph engine, host memory read in place", in_place.step, b,
-                      n=5 if preset.startswith("lstm") else 50)
-            from hft_infer.kernels.gather import gather_window
-
-            sl = torch.arange(b, dtype=torch.int64).pin_memory()
-            po = torch.zeros(b, dtype=torch.int64).pin_memory()
-            _per_step(f"batch {b}: gather node alone (eager launch)", gather_window, ks.ring_h, sl, po,
-                      ks.staged[:b], ks.dslots[:b], ks.dpos[:b])
+            _per_step(f"batch {b}: engine.step (the service's graph engine)", eng.step, b)
+            _per_step(f"batch {b}: host gather alone (StepStaging.gather)", st.gather, 0, b, cuda=False)
+            _per_step(f"batch {b}: upload + model kernel, eager launches", _upload_and_launch, ks, st, b, out)
             if ks.kind == "lstm" and ks.mode == "window":
                 from hft_infer.kernels.lstm_window import lstm_window_step
 
-                rows = ks.staged[:b].view(b, -1)
-                out = torch.zeros(b, OUT_COLS, device="cuda")
+                sl, po, rows = st.upload(0, b)
                 for persistent in (True, False):
                     _per_step(f"batch {b}: window kernel on device inputs, persistent={persistent} (eager)",
-                              lstm_window_step, ks.w, ks.ws, ks.h, ks.c, rows, ks.dslots[:b], ks.dpos[:b],
-                              ks.thresholds, ks.held, out, persistent=persistent)
+                              lstm_window_step, ks.w, ks.ws, ks.h, ks.c, rows.view(b, -1), sl, po, ks.thresholds,
+                              ks.held, out[:b], persistent=persistent)
         eng.close()
-        in_place.close()
 
 
 if __name__ == "__main__":

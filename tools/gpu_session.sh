@@ -225,7 +225,7 @@ elif [ "$phase" = land ]; then
   # the landing set, one call (~9 min): GPU tests, the end-to-end headline beside its floor, the
   # goodput curve, the engines, the per-event costs, shards and the shared-memory transport when
   # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
-  custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_gather.py 2>/dev/null)
+  custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
   # the custom-model tests first: behind a slow engine the long engine tests ran out the step at 916d9c4
   step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py

@@ -1,19 +1,17 @@
 """GPU engines: one-node CUDA graphs per batch bucket, and persistent kernels with no launch at all.
 
-Both read each request's rows from the feature store's pinned host ring
-through its UVA mapping (the ingest wrote them there; no host-side gather) and
-keep the model state (weights, LSTM open-window or stream
+Both take each request's rows from the feature store's pinned host ring (the
+ingest wrote them there) and keep the model state (weights, LSTM open-window or stream
 state, the decision policy's held positions) on the device, allocated once.
 
 - `GraphEngine`: for each of its two staging buffers (double buffering: the
   loop writes batch k+1 while batch k runs) and each bucket, a CUDA graph of
-  two kernel nodes: a gather (kernels/gather.py) reads slots and positions
-  from the buffer's pinned arrays and the rows from the host ring into device
-  buffers, in parallel, once; the model kernel then reads device memory only
-  and writes the decisions into the buffer's pinned outputs. (The model
-  kernel reading host memory in place measured ~14.6 ms per lstm_a step on
-  the H200: every load volatile, the same PCIe reads issued again per tile,
-  layer and phase.) A step is one `replay()` and an event; `poll`
+  one host-to-device copy node (the buffer's slots, positions and the rows
+  that `runner/staging.py` gathered from the host ring at submit) and the
+  model's kernel, which reads device memory only and writes the decisions
+  into the buffer's pinned outputs. (Kernels reading pinned host memory are
+  served ~one PCIe transaction at a time on the H200 host: staging.py says
+  what that measured.) A step is one `replay()` and an event; `poll`
   queries the event. Captured once at start-up, largest bucket first, in one
   pool; capturing again raises.
 - `PersistentEngine`: a kernel that never exits serves a request ring in
@@ -83,21 +81,17 @@ class KernelStep:
         self.w = prepare_lstm_weights(params, precision=precision, device=dev)
         self.stateful = True
 
-    def alloc_launched(self, max_batch: int, *, stage_inputs: bool = True) -> None:
-        """Workspace and state for launched steps (the graph engine). stage_inputs: each step
-        first gathers its slots, positions and rows (MLP: whole windows) from host memory into
-        device buffers (one gather node); False reads them in place in the model kernel, kept
-        for tools/diag_graph_inputs.py's comparison."""
-        self.stage_inputs = stage_inputs
+    @property
+    def staged_rows(self) -> int:
+        """Rows per batch entry the graph engine stages: the MLP reads its whole window, the
+        LSTMs only the new row (their state holds the past)."""
+        return self.window if self.kind == "mlp" else 1
+
+    def alloc_launched(self, max_batch: int) -> None:
+        """Workspace and state for launched steps (the graph engine)."""
         # one launch with grid barriers on a GPU; the interpreter (CPU tests) runs programs one
         # after another, so it takes the L+1 launches
         self._one_launch = not interpreting()
-        if stage_inputs:
-            staged_rows = self.window if self.kind == "mlp" else 1
-            self.staged = torch.zeros(max_batch, staged_rows, self.ring_h.shape[2], dtype=torch.float32,
-                                      device=self.device)
-            self.dslots = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
-            self.dpos = torch.zeros(max_batch, dtype=torch.int64, device=self.device)
         if self.kind == "mlp":
             return
         n_slots = self.ring_h.shape[0]
@@ -112,46 +106,24 @@ class KernelStep:
             self.ws = alloc_window_workspace(self.w, max_batch, self.window)
             self.h, self.c = alloc_window_state(self.w, n_slots, self.window)
 
-    def launch(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
-        """One launched step over pinned slots/positions into pinned out (capturable)."""
-        if not self.stage_inputs:
-            return self._launch_in_place(slots, positions, out)
-        from hft_infer.kernels.gather import gather_window
-
-        n = slots.shape[0]
-        rows, dslots, dpos = self.staged[:n], self.dslots[:n], self.dpos[:n]
-        gather_window(self.ring_h, slots, positions, rows, dslots, dpos)
+    def launch(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """One launched step (capturable) on device inputs staged by runner/staging.py: slots,
+        positions [b], rows [b, staged_rows, F]; decisions into out [b, OUT_COLS] (pinned)."""
+        b = slots.shape[0]
         if self.kind == "mlp":
             from hft_infer.kernels.mlp import mlp_step
 
-            mlp_step(self.w, self.ws, rows, dslots, dpos, self.thresholds, self.held, out, dense=True)
+            mlp_step(self.w, self.ws, rows, slots, positions, self.thresholds, self.held, out, dense=True)
         elif self.mode == "stream":
             from hft_infer.kernels.lstm_stream import lstm_stream_step
 
-            lstm_stream_step(self.w, self.ws, self.h, self.c, rows.view(n, -1), dslots, self.thresholds, self.held,
-                             out, positions=dpos, persistent=self._one_launch)
+            lstm_stream_step(self.w, self.ws, self.h, self.c, rows.view(b, -1), slots, self.thresholds, self.held,
+                             out, positions=positions, persistent=self._one_launch)
         else:
             from hft_infer.kernels.lstm_window import lstm_window_step
 
-            lstm_window_step(self.w, self.ws, self.h, self.c, rows.view(n, -1), dslots, dpos, self.thresholds,
+            lstm_window_step(self.w, self.ws, self.h, self.c, rows.view(b, -1), slots, positions, self.thresholds,
                              self.held, out, persistent=self._one_launch)
-
-    def _launch_in_place(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
-        """The model kernel reading slots, positions and rows from host memory itself."""
-        if self.kind == "mlp":
-            from hft_infer.kernels.mlp import mlp_step
-
-            mlp_step(self.w, self.ws, self.ring_h, slots, positions, self.thresholds, self.held, out)
-        elif self.mode == "stream":
-            from hft_infer.kernels.lstm_stream import lstm_stream_step
-
-            lstm_stream_step(self.w, self.ws, self.h, self.c, None, slots, self.thresholds, self.held, out,
-                             positions=positions, ring_h=self.ring_h)
-        else:
-            from hft_infer.kernels.lstm_window import lstm_window_step
-
-            lstm_window_step(self.w, self.ws, self.h, self.c, None, slots, positions, self.thresholds, self.held,
-                             out, ring_h=self.ring_h)
 
     def persistent(self, ring, *, max_programs: int | None = None):
         """The persistent kernel of this model behind `ring` (kernels/persistent.py)."""
@@ -188,14 +160,19 @@ class GraphEngine(_GpuEngine):
     name = "graph"
 
     def __init__(self, kstep: KernelStep, buckets: list[int], *, sink_slot: int, reason: str,
-                 check_addresses: bool = False, max_inflight: int = 2, stage_inputs: bool = True) -> None:
+                 check_addresses: bool = False, max_inflight: int = 2) -> None:
+        from hft_infer.runner.staging import StepStaging
+
         self.kstep = kstep
         self.max_inflight = max_inflight
         super().__init__(buckets, sink_slot, stateful=kstep.stateful, reason=reason)
-        kstep.alloc_launched(self.max_batch, stage_inputs=stage_inputs)
+        kstep.alloc_launched(self.max_batch)
         k = self.max_inflight
-        self._slots_t = [torch.from_numpy(a) for a in self._slots]
-        self._pos_t = [torch.from_numpy(a) for a in self._positions]
+        self.staging = StepStaging(kstep.ring_h, max_batch=self.max_batch, rows_per_entry=kstep.staged_rows,
+                                   n_buffers=k, device=kstep.device)
+        self._slots, self._positions = self.staging.slots, self.staging.positions  # the loop writes these
+        for a in self._slots:
+            a[:] = sink_slot
         self._out = [_pinned((self.max_batch, OUT_COLS), torch.float32) for _ in range(k)]
         self._out_np = [o.numpy() for o in self._out]
         self._events = [torch.cuda.Event() for _ in range(k)]
@@ -209,11 +186,10 @@ class GraphEngine(_GpuEngine):
         self._replay_stream = torch.cuda.current_stream(kstep.device)
 
     def _body(self, i: int, b: int) -> None:
-        self.kstep.launch(self._slots_t[i][:b], self._pos_t[i][:b], self._out[i][:b])
+        self.kstep.launch(*self.staging.upload(i, b), self._out[i][:b])
 
     def _graph_inputs(self) -> tuple[int, ...]:
-        return tuple(t.data_ptr() for group in (self._slots_t, self._pos_t, self._out) for t in group) + (
-            self.kstep.ring_h.data_ptr(),)
+        return tuple(t.data_ptr() for t in self._out) + self.staging.addresses()
 
     def warm_up(self, rounds: int = 3) -> None:
         """Compile and run every bucket eagerly, then capture the graphs (largest first)."""
@@ -222,6 +198,7 @@ class GraphEngine(_GpuEngine):
                 for b in self.bucket_map.buckets:
                     self._slots[i][:b] = self.sink_slot
                     self._positions[i][:b] = 0
+                    self.staging.gather(i, b)
                     for _ in range(rounds):
                         self._body(i, b)
         self.stream.synchronize()
@@ -245,6 +222,7 @@ class GraphEngine(_GpuEngine):
 
     def _launch(self, i: int, n: int) -> None:
         b = self.pad(i, n)
+        self.staging.gather(i, b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
         self.graphs[(i, b)].replay()

@@ -1,14 +1,14 @@
 """The graph engine's step for a custom torch module (model.module, models/custom.py).
 
 `TorchStep` has the interface `runner.gpu.GraphEngine` drives (`launch`,
-`alloc_launched`, `reset`, `reset_slots`, `stateful`, `device`, `ring_h`), so a
+`alloc_launched`, `staged_rows`, `reset`, `reset_slots`, `stateful`, `device`, `ring_h`), so a
 custom module is served exactly as the built-in families are: one CUDA graph per
 (staging buffer, batch bucket), captured at start-up, largest bucket first, in
 one pool, double-buffered, self-checked against the CPU engine. A step is:
 
-1. `kernels.gather.gather_window`: each trigger's window [b, W, F] read from the
-   pinned host feature ring through UVA into a preallocated device buffer (rows
-   before an instrument's first are zero), and the slots into a device buffer;
+1. the engine's staging (runner/staging.py): each trigger's window [b, W, F],
+   gathered from the host feature ring at submit (rows before an instrument's
+   first are zero), its slots and positions, in one host-to-device copy node;
 2. the row transform (`model.input`: the built-in feature row or the raw row),
    the user's module, the score and the decision policy with per-slot held
    positions on the device (`kernels.common.decide_reference`, plain torch ops);
@@ -52,24 +52,21 @@ class TorchStep:
         n_slots = ring_h.shape[0]
         self.held = torch.zeros(n_slots, dtype=torch.int32, device=dev)
         self.thresholds = torch.tensor([threshold, hysteresis], dtype=torch.float32, device=dev)
-        self.x = torch.zeros(max_batch, spec.window, spec.features, dtype=torch.float32, device=dev)
-        self.slots_d = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        self.staged_rows = spec.window  # the graph engine stages each trigger's whole window
         self.out_d = torch.zeros(max_batch, OUT_COLS, dtype=torch.float32, device=dev)
 
     def alloc_launched(self, max_batch: int) -> None:
         """Nothing beyond __init__'s buffers (the graph engine's hook for workspaces)."""
 
-    def launch(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> None:
-        """One step over pinned slots/positions [b] into pinned out [b, OUT_COLS] (capturable)."""
+    def launch(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """One step (capturable) on the staged device slots, positions [b] and windows [b, W, F]
+        into pinned out [b, OUT_COLS]."""
         from hft_infer.kernels.common import decide_reference
-        from hft_infer.kernels.gather import gather_window
 
         b = slots.shape[0]
-        x, sl = self.x[:b], self.slots_d[:b]
-        gather_window(self.ring_h, slots, positions, x, sl)
         with torch.no_grad():
-            logits = self.model.logits(self.model.features(x)).float()
-            decide_reference(logits, self.thresholds, self.held, sl, self.out_d[:b])
+            logits = self.model.logits(self.model.features(rows)).float()
+            decide_reference(logits, self.thresholds, self.held, slots, self.out_d[:b])
         out.copy_(self.out_d[:b], non_blocking=True)
 
     def reset(self) -> None:

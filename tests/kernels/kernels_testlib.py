@@ -13,6 +13,8 @@ ensure_kernels_importable()
 
 from hft_infer.kernels import common  # noqa: E402
 from hft_infer.kernels.common import COL_ACTION, COL_LOGITS, COL_SCORE, features_reference  # noqa: E402
+from hft_infer.runner.base import Engine  # noqa: E402
+from hft_infer.runner.staging import StepStaging  # noqa: E402
 
 # Norm-wise relative error ||out - ref|| / ||ref|| allowed on logits and states,
 # against both the float64 reference and the float32 torch reference.
@@ -231,3 +233,35 @@ def preset_params(preset: str, seed: int):
                                tuple(m.bias.detach().float() for m in layers), mean, inv_std, spec.window)
     return spec, LstmParams.from_state_dict(model.lstm.state_dict(), model.head.weight.float(),
                                             model.head.bias.float(), mean, inv_std).to(torch.float32)
+
+
+
+class LaunchedEngine(Engine):
+    """The graph engine's step without the graphs (usable on the CPU): the service's staging
+    (runner/staging.py: the host gather, then the one upload) and `kstep.launch` per batch,
+    which is what each captured graph replays."""
+
+    name = "launched"
+
+    def __init__(self, kstep, buckets: list[int], sink_slot: int) -> None:
+        super().__init__(buckets, sink_slot, stateful=kstep.stateful, reason="test")
+        self.kstep = kstep
+        kstep.alloc_launched(self.max_batch)
+        self.staging = StepStaging(kstep.ring_h, max_batch=self.max_batch, rows_per_entry=kstep.staged_rows,
+                                   n_buffers=1, device=kstep.device)
+        self._slots, self._positions = self.staging.slots, self.staging.positions
+        self._out = torch.zeros(self.max_batch, common.OUT_COLS, device=kstep.device)
+
+    def _launch(self, i: int, n: int) -> None:
+        b = self.pad(i, n)
+        self.staging.gather(i, b)
+        self.kstep.launch(*self.staging.upload(i, b), self._out[:b])
+        out = self._out[:n].cpu()
+        self._scores[i][:n] = out[:, 0].numpy()
+        self._actions[i][:n] = out[:, 1].numpy()
+
+    def reset(self) -> None:
+        self.kstep.reset()
+
+    def reset_slots(self, slots) -> None:
+        self.kstep.reset_slots(slots)
