@@ -2,9 +2,10 @@
 
     while running:
         step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py)
-        step.complete()  the oldest in-flight step is done? collect it, answer its events
+        step.complete()  the oldest in-flight step is done? collect it, answer its events,
+        step.flush()       and send them at once, in one frame (egress.py)
         step.submit()    the device can take a step and a batch is due? form, stage, submit
-        step.flush()     everything answered this iteration, in one frame (egress.py)
+        step.flush()     what submit answered (stale, shed), in one frame
         _housekeeping()  when due: snapshot to the control process, Status, GC, watchdog, feed monitor
         idle             fold a chunk of histogram samples, adapt the batching wait, then
                          spin (busy) / spin then sleep on the socket FD (hybrid) / sleep (event)
@@ -295,6 +296,9 @@ class Service:
             worked = step.ingest()
             if step.inflight and engine.poll():
                 step.complete()
+                # decisions out before the next submit, which gathers, stages and replays a graph
+                # (~tens of µs on the H200 host: measured as the publish stage when it came first)
+                step.flush()
                 worked += 1
             if engine.can_submit and sched.queued_slots:
                 worked += step.submit()
