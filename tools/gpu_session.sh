@@ -227,7 +227,7 @@ elif [ "$phase" = land ]; then
   # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
   # the custom-model tests first: behind a slow engine the long engine tests ran out the step at 916d9c4
-  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench floor_10k 25 -c configs/gpu.toml --null-service --rate 10000 --duration 2 --warmup 1
@@ -239,9 +239,11 @@ elif [ "$phase" = land ]; then
        --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
   step bench_engines 60 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
        --batches 1,64 --json "$WORK/bench_engines.json"
-  [ -f tools/bench_shards.sh ] && step shards 70 bash tools/bench_shards.sh "$WORK/shards"
+  # its own budget inside the step's timeout (this script's BUDGET_S is in the environment)
+  [ -f tools/bench_shards.sh ] && step shards 100 env BUDGET_S=92 RATE_PER_SHARD="${RATE_PER_SHARD:-50000}" \
+       bash tools/bench_shards.sh "$WORK/shards"
   step hotpath 25 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
-  [ -f tools/bench_shm.sh ] && step shm 50 bash tools/bench_shm.sh "$WORK/shm"
+  [ -f tools/bench_shm.sh ] && step shm 60 env BUDGET_S=55 bash tools/bench_shm.sh "$WORK/shm"
   step pingpong 20 $PY tools/bench_pingpong.py --n 20000 --json "$WORK/pingpong.json"
   summarize
   for name in gpu_tests overload bench_engines shards hotpath shm; do  # their own tables, verbatim
