@@ -4,6 +4,7 @@
 #   tools/gpu_session.sh smoke     # every GPU test + short benches (find bugs cheaply)
 #   tools/gpu_session.sh kernels   # kernel and engine benchmarks
 #   tools/gpu_session.sh land      # the landing set: GPU tests, e2e with floor, goodput, engines, ...
+#   tools/gpu_session.sh final     # a landing commit's re-check after `land` ran on its engines
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -247,6 +248,25 @@ elif [ "$phase" = land ]; then
   step pingpong 20 $PY tools/bench_pingpong.py --n 20000 --json "$WORK/pingpong.json"
   summarize
   for name in gpu_tests overload bench_engines shards hotpath shm; do  # their own tables, verbatim
+    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
+  done
+  cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
+elif [ "$phase" = final ]; then
+  # what a landing commit re-measures when `land` already ran on its engines (one call, ~9.5
+  # min): every GPU test to the end, the end-to-end headline at 10k and 100k beside its floor,
+  # the shared-memory transport, shards below one shard's capacity, the goodput curve
+  custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
+  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
+  bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
+  [ -f tools/bench_shm.sh ] && step shm 60 env BUDGET_S=55 bash tools/bench_shm.sh "$WORK/shm"
+  [ -f tools/bench_shards.sh ] && step shards 100 env BUDGET_S=92 RATE_PER_SHARD="${RATE_PER_SHARD:-20000}" \
+       bash tools/bench_shards.sh "$WORK/shards"
+  step overload 110 $PY tools/bench_overload.py --rates 20000,50000,100000,200000 --duration 2 \
+       --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
+  summarize
+  for name in gpu_tests overload shards shm; do  # their own tables, verbatim
     [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
   done
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
