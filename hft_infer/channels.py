@@ -63,3 +63,19 @@ def open_egress(cfg: Config, ctx, *, curve) -> Channel:
         ctx, expand_endpoint(ec.endpoint, cfg), bind_socket=ec.bind, snd_hwm=ec.snd_hwm,
         allow_remote=cfg.security.allow_remote, curve=curve)
     return Channel(sock, resolved, Egress, ec.topic_frame, False)
+
+
+def feed_address(cfg: Config) -> str:
+    """Where a feed publisher sends (the tools' --endpoint): `iceoryx2:SERVICE` or the zmq endpoint."""
+    ic = cfg.ingest
+    if ic.transport == "iceoryx2":
+        return shm.PREFIX + expand_shm_service(ic.shm_service, cfg)
+    return expand_endpoint(ic.endpoint, cfg)
+
+
+def decisions_address(cfg: Config) -> str:
+    """Where decisions come from: `iceoryx2:SERVICE` or the zmq endpoint."""
+    ec = cfg.egress
+    if ec.transport == "iceoryx2":
+        return shm.PREFIX + expand_shm_service(ec.shm_service, cfg)
+    return expand_endpoint(ec.endpoint, cfg)

@@ -34,12 +34,14 @@ from pathlib import Path
 
 import zmq
 
+from hft_infer.transport.shm import ShmSubscriber, service_of
 from hft_infer.transport.sockets import open_ingest
 
 from .capture import FLUSH_MS, FLUSH_RECORDS, CaptureWriter
 
 # Longest poll, so that a signal flag or a stop event is seen promptly.
 _POLL_CAP_MS = 50
+SHM_TICK_S = 100e-6  # iceoryx2, nothing waiting: sleep this long before looking again
 # Messages read per wake-up before the loop checks its deadlines again.
 _BURST = 4096
 
@@ -67,7 +69,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
            overwrite: bool = False, append: bool = False, ctx: zmq.Context | None = None,
            stop: threading.Event | None = None, on_ready: Callable[[str], None] | None = None,
            handle_signals: bool = True, on_silence: Callable[[float], None] | None = None,
-           silence_s: float = 5.0) -> RecordResult:
+           silence_s: float = 5.0, shm_buffer: int = 4096) -> RecordResult:
     """Subscribe to `endpoint` (SUB to everything by default, or PULL) and record every message.
 
     topics: SUB prefix filters (e.g. `topic_for(7)`); None records everything.
@@ -75,6 +77,8 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
     bound) and the file is created. handle_signals installs SIGINT/SIGTERM
     handlers while recording (main thread only). on_silence(seconds) is called
     once if no message has arrived `silence_s` after the socket was ready.
+    `endpoint` = "iceoryx2:SERVICE" subscribes to that iceoryx2 service instead (a subscriber
+    buffer of `shm_buffer` frames; no topic frames: the capture says so).
     """
     if duration_s is not None and duration_s <= 0:
         raise ValueError("duration_s must be positive")
@@ -88,9 +92,15 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
     def on_signal(signum, frame) -> None:
         stopped.append("signal")  # only flips state; the loop flushes and closes
 
+    service = service_of(endpoint)
+    loop = _loop
     try:
-        sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
-                                     rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
+        if service is not None:  # iceoryx2 (transport/shm.py): one sample per message, no topic frames
+            sock = ShmSubscriber(service, buffer=shm_buffer, role="recorder")
+            resolved, topic_frame, loop = sock.address, False, _loop_shm
+        else:
+            sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
+                                         rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
         try:
             writer = CaptureWriter(out_path, endpoint=resolved, topic_frame=topic_frame,
                                    meta={"socket_type": socket_type, "bind": bind,
@@ -98,7 +108,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
                                    flush_records=flush_records, flush_ms=flush_ms, fsync=fsync,
                                    overwrite=overwrite, append=append)
         except BaseException:
-            sock.close(0)
+            _close(sock)
             raise
         if handle_signals and threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
@@ -109,13 +119,13 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
                 on_ready(resolved)
             t0 = time.monotonic_ns()
             silence = (int(silence_s * 1e9), on_silence) if on_silence is not None else None
-            stopped_by = _loop(sock, writer, t0, duration_s, max_events, stopped, stop, silence)
+            stopped_by = loop(sock, writer, t0, duration_s, max_events, stopped, stop, silence)
             t1 = time.monotonic_ns()
         finally:
             try:
                 writer.close()
             finally:
-                sock.close(0)
+                _close(sock)
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
@@ -194,6 +204,46 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
             n += 1
             if n == limit:
                 return "count"
+
+
+def _close(sock) -> None:
+    sock.close() if isinstance(sock, ShmSubscriber) else sock.close(0)
+
+
+def _loop_shm(sock: ShmSubscriber, writer: CaptureWriter, t0: int, duration_s: float | None,
+              max_events: int | None, stopped: list[str], stop: threading.Event | None,
+              silence: tuple[int, Callable[[float], None]] | None = None) -> str:
+    """`_loop` over iceoryx2: no FD to poll, so an empty subscriber sleeps SHM_TICK_S."""
+    deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
+    silence_at = t0 + silence[0] if silence is not None else None
+    limit = max_events if max_events is not None else -1
+    n = 0
+    add, now_ns, recv, monotonic_ns = writer.add, time.time_ns, sock.recv, time.monotonic_ns
+    while True:
+        if stopped:
+            return stopped[0]
+        if stop is not None and stop.is_set():
+            return "stop"
+        mono = monotonic_ns()
+        if deadline is not None and mono >= deadline:
+            return "duration"
+        if silence_at is not None and mono >= silence_at:
+            silence_at = None
+            if n == 0:
+                silence[1]((mono - t0) / 1e9)
+        writer.flush_if_due(mono)
+        got = 0
+        while got < _BURST:
+            payload = recv()
+            if payload is None:
+                break
+            got += 1
+            add(now_ns(), (payload,))
+            n += 1
+            if n == limit:
+                return "count"
+        if not got:
+            time.sleep(SHM_TICK_S)
 
 
 __all__ = ["RecordResult", "record"]

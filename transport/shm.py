@@ -46,6 +46,14 @@ MAX_NODES = 32
 OPEN_RETRY_S = 2.0  # open_or_create races with a peer creating the same service: retried this long
 
 
+PREFIX = "iceoryx2:"  # an address "iceoryx2:SERVICE" names an iceoryx2 service where tools take endpoints
+
+
+def service_of(address: str) -> str | None:
+    """The iceoryx2 service an address names ("iceoryx2:SERVICE"), None for a ZeroMQ endpoint."""
+    return address[len(PREFIX):] if address.startswith(PREFIX) else None
+
+
 class ShmUnavailable(EndpointError):
     """The iceoryx2 transport was chosen but the package is not installed."""
 
@@ -107,7 +115,7 @@ class _Port:
 
     @property
     def address(self) -> str:
-        return f"iceoryx2:{self.service_name}"
+        return PREFIX + self.service_name
 
     def subscribers(self) -> int:
         return self.service.dynamic_config.number_of_subscribers
