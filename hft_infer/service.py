@@ -138,6 +138,9 @@ class Service:
         ing = channels.open_ingest(cfg, self.ctx, topics=topics, curve=curve_ingest)
         self.ingest_sock, self.endpoints["ingest"] = ing.sock, ing.address
         self._ingest_shm, self._egress_shm = ing.shm, egr.shm
+        for ch in (ing, egr):
+            if ch.shm:  # what the start-up removed of nodes that died without cleaning up (kill -9)
+                self.log(f"{ch.address}: iceoryx2 dead-node cleanup: {ch.sock.cleanup}")
         if not cfg.ingest.bind and not ing.shm:  # a connecting socket: watch it (libzmq may not restore it)
             self.feed_monitor = FeedMonitor(self.ingest_sock, self.endpoints["ingest"], self.acct, self.log)
         # Stats to the control process: never wait for it (IMMEDIATE: no queue without a live
