@@ -93,11 +93,10 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
         stopped.append("signal")  # only flips state; the loop flushes and closes
 
     service = service_of(endpoint)
-    loop = _loop
     try:
         if service is not None:  # iceoryx2 (transport/shm.py): one sample per message, no topic frames
             sock = ShmSubscriber(service, buffer=shm_buffer, role="recorder")
-            resolved, topic_frame, loop = sock.address, False, _loop_shm
+            resolved, topic_frame = sock.address, False
         else:
             sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
                                          rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
@@ -119,7 +118,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
                 on_ready(resolved)
             t0 = time.monotonic_ns()
             silence = (int(silence_s * 1e9), on_silence) if on_silence is not None else None
-            stopped_by = loop(sock, writer, t0, duration_s, max_events, stopped, stop, silence)
+            stopped_by = _loop(sock, writer, t0, duration_s, max_events, stopped, stop, silence)
             t1 = time.monotonic_ns()
         finally:
             try:
@@ -156,18 +155,15 @@ def _backend_method(sock: zmq.Socket, name: str):
     return getattr(sock, name)
 
 
-def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
+def _loop(sock, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
           stopped: list[str], stop: threading.Event | None,
           silence: tuple[int, Callable[[float], None]] | None = None) -> str:
     deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
     silence_at = t0 + silence[0] if silence is not None else None
     limit = max_events if max_events is not None else -1
     n = 0
-    # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
-    # conversions cost microseconds): this loop runs per message.
-    poll, add, now_ns = sock.poll, writer.add, time.time_ns
-    recv, get = _backend_method(sock, "recv"), _backend_method(sock, "get")
-    monotonic_ns, noblock, rcvmore, again = time.monotonic_ns, int(zmq.NOBLOCK), int(zmq.RCVMORE), zmq.Again
+    read = _shm_reader(sock, writer) if isinstance(sock, ShmSubscriber) else _zmq_reader(sock, writer)
+    monotonic_ns = time.monotonic_ns
     while True:
         if stopped:
             return stopped[0]
@@ -187,8 +183,22 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
         due = writer.flush_due_ns
         if due is not None:
             timeout_ms = min(timeout_ms, max(due - mono, 0) / 1e6)
-        if not poll(max(timeout_ms, 0.0)):
-            continue
+        n = read(max(timeout_ms, 0.0), n, limit)
+        if n == limit:
+            return "count"
+
+
+def _zmq_reader(sock: zmq.Socket, writer: CaptureWriter):
+    """read(timeout_ms, n, limit) -> n: wait up to timeout_ms for a message, then record a burst."""
+    # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
+    # conversions cost microseconds): this loop runs per message.
+    poll, add, now_ns = sock.poll, writer.add, time.time_ns
+    recv, get = _backend_method(sock, "recv"), _backend_method(sock, "get")
+    noblock, rcvmore, again = int(zmq.NOBLOCK), int(zmq.RCVMORE), zmq.Again
+
+    def read(timeout_ms: float, n: int, limit: int) -> int:
+        if not poll(timeout_ms):
+            return n
         for _ in range(_BURST):
             try:
                 first = recv(noblock, True, False)
@@ -203,35 +213,18 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
             add(now_ns(), frames)  # stamped once the whole message is in
             n += 1
             if n == limit:
-                return "count"
+                break
+        return n
+
+    return read
 
 
-def _close(sock) -> None:
-    sock.close() if isinstance(sock, ShmSubscriber) else sock.close(0)
+def _shm_reader(sock: ShmSubscriber, writer: CaptureWriter):
+    """As `_zmq_reader` over iceoryx2: one sample is one whole message; with no FD to poll, an
+    empty subscriber sleeps SHM_TICK_S (at most timeout_ms)."""
+    recv, add, now_ns = sock.recv, writer.add, time.time_ns
 
-
-def _loop_shm(sock: ShmSubscriber, writer: CaptureWriter, t0: int, duration_s: float | None,
-              max_events: int | None, stopped: list[str], stop: threading.Event | None,
-              silence: tuple[int, Callable[[float], None]] | None = None) -> str:
-    """`_loop` over iceoryx2: no FD to poll, so an empty subscriber sleeps SHM_TICK_S."""
-    deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
-    silence_at = t0 + silence[0] if silence is not None else None
-    limit = max_events if max_events is not None else -1
-    n = 0
-    add, now_ns, recv, monotonic_ns = writer.add, time.time_ns, sock.recv, time.monotonic_ns
-    while True:
-        if stopped:
-            return stopped[0]
-        if stop is not None and stop.is_set():
-            return "stop"
-        mono = monotonic_ns()
-        if deadline is not None and mono >= deadline:
-            return "duration"
-        if silence_at is not None and mono >= silence_at:
-            silence_at = None
-            if n == 0:
-                silence[1]((mono - t0) / 1e9)
-        writer.flush_if_due(mono)
+    def read(timeout_ms: float, n: int, limit: int) -> int:
         got = 0
         while got < _BURST:
             payload = recv()
@@ -241,9 +234,16 @@ def _loop_shm(sock: ShmSubscriber, writer: CaptureWriter, t0: int, duration_s: f
             add(now_ns(), (payload,))
             n += 1
             if n == limit:
-                return "count"
+                break
         if not got:
-            time.sleep(SHM_TICK_S)
+            time.sleep(min(SHM_TICK_S, timeout_ms / 1000))
+        return n
+
+    return read
+
+
+def _close(sock) -> None:
+    sock.close() if isinstance(sock, ShmSubscriber) else sock.close(0)
 
 
 __all__ = ["RecordResult", "record"]

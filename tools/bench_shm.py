@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import time
 import uuid
 
 import numpy as np
+from benchlib import write_json
 
 LEVELS = 10
 KINDS = ("zmq ipc", "iox2 frame", "iox2 record")
@@ -89,7 +89,24 @@ class Zmq:
         self.ctx.term()
 
 
-class IoxFrame:
+class _Spin:
+    """The iceoryx2 rows' shared half: spin on `self._poll` until a message, release the ports."""
+
+    def recv(self):
+        poll = self._poll
+        while (got := poll()) is None:
+            pass
+        return got
+
+    def close(self) -> None:
+        for port in (self.pub, self.sub):
+            if hasattr(port, "close"):  # transport/shm.py's wrappers
+                port.close()
+            else:  # raw iceoryx2 ports
+                port.delete()
+
+
+class IoxFrame(_Spin):
     """transport/shm.py as the service uses it: bytes in a [u8] slice."""
 
     def __init__(self, tag: str, server: bool) -> None:
@@ -98,22 +115,13 @@ class IoxFrame:
         out, back = f"bench-shm/{tag}/a", f"bench-shm/{tag}/b"
         self.pub = ShmPublisher(out if server else back, buffer=64, role="bench")
         self.sub = ShmSubscriber(back if server else out, buffer=64, role="bench")
+        self._poll = self.sub.recv
 
     def send(self, data) -> None:
         self.pub.send(data)
 
-    def recv(self):
-        recv = self.sub.recv
-        while (data := recv()) is None:
-            pass
-        return data
 
-    def close(self) -> None:
-        self.pub.close()
-        self.sub.close()
-
-
-class IoxRecord:
+class IoxRecord(_Spin):
     """A fixed-layout record: written field by field into the loaned sample, read in place."""
 
     def __init__(self, tag: str, server: bool) -> None:
@@ -131,21 +139,12 @@ class IoxRecord:
         self.pub = service(out if server else back).publisher_builder().backpressure_strategy(
             iox.BackpressureStrategy.DiscardData).create()
         self.sub = service(back if server else out).subscriber_builder().buffer_size(64).create()
+        self._poll = self.sub.receive
 
     def send(self, rec) -> None:
         sample = self.pub.loan_uninit()
         ctypes.memmove(sample.payload_ptr, ctypes.addressof(rec), ctypes.sizeof(QuoteRecord))
         sample.assume_init().send()
-
-    def recv(self):
-        receive = self.sub.receive
-        while (sample := receive()) is None:
-            pass
-        return sample
-
-    def close(self) -> None:
-        self.pub.delete()
-        self.sub.delete()
 
 
 TRANSPORTS = {"zmq ipc": Zmq, "iox2 frame": IoxFrame, "iox2 record": IoxRecord}
@@ -256,10 +255,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{ctypes.sizeof(QuoteRecord)} as a record), cores {a.cores or 'not pinned'}, "
           f"{os.cpu_count()} CPUs on {os.uname().nodename}")
     print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "n": a.n, "cores": a.cores, "frame_bytes": len(frame),
-                       "record_bytes": ctypes.sizeof(QuoteRecord), "host": os.uname().nodename}, f, indent=2)
+    if a.json:  # the rows beside where and how they were measured (commit, machine, versions)
+        write_json(a.json, {"rows": rows, "n": a.n, "cores": a.cores, "frame_bytes": len(frame),
+                            "record_bytes": ctypes.sizeof(QuoteRecord)})
     return 0
 
 

@@ -118,27 +118,24 @@ if ! $PY -c "import hft_infer.app.cli" 2>> "$OUTDIR/import.err"; then
   exit 2
 fi
 
-provenance() {  # the block every log starts with (as tools/gpu_session.sh writes it)
-  local commit dirty digest
-  commit=${HFT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git here: pass HFT_COMMIT)")}
-  dirty=$(git status --porcelain 2>/dev/null | grep -c . || true)
-  digest=$(find hft_infer transport kernels replay configs tools tests -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sh' \) 2>/dev/null \
-           | LC_ALL=C sort | xargs sha256sum 2>/dev/null | sha256sum | cut -c1-16)
-  echo "commit: $commit (uncommitted files: ${dirty:-?}; source digest $digest)"
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  kernel: $(uname -r)"
-  echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), isolated $(cat /sys/devices/system/cpu/isolated 2>/dev/null || echo -)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader 2>/dev/null | head -1 | grep . || echo none)"
-  $PY - <<'EOF' 2>&1
-import platform
-from importlib import metadata
-out = [f"python {platform.python_version()}"]
-for name in ("torch", "triton", "pyzmq", "msgspec", "numpy", "iceoryx2"):
-    try:
-        out.append(f"{name} {metadata.version(name)}")
-    except metadata.PackageNotFoundError:
-        out.append(f"{name}: not installed")
-print("versions: " + ", ".join(out))
+provenance() {  # the block every log starts with: tools/gpu_session.sh's when it called us, plus iceoryx2
+  if [ -f "$OUTDIR/../provenance.txt" ]; then  # gpu_session.sh's $WORK/provenance.txt (we run in $WORK/shm)
+    cat "$OUTDIR/../provenance.txt"
+  else  # alone: the same facts from tools/benchlib.py's run_meta
+    $PY - "$(cd "$(dirname "$0")" && pwd)" <<'EOF' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+from benchlib import run_meta
+m = run_meta([])
+g, mc, v = m["git"], m["machine"], m["versions"]
+print(f"commit: {g['commit'] or 'unknown (no .git here: pass HFT_COMMIT)'} (uncommitted changes: {g['dirty']})")
+print(f"date: {m['date']}  host: {mc['host']}  kernel: {mc['kernel']}")
+print(f"machine: nproc {mc['cpus_usable']} of {mc['cpus']}, {mc['cpu']}, load {mc['load_average']}")
+print("versions: " + ", ".join(f"{k} {x}" for k, x in v.items()))
 EOF
+    echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader 2>/dev/null | head -1 | grep . || echo none)"
+  fi
+  echo "iceoryx2: $($PY -c 'from importlib import metadata; print(metadata.version("iceoryx2"))' 2>/dev/null || echo 'not installed')"
 }
 provenance > "$OUTDIR/provenance.txt"
 cat "$OUTDIR/provenance.txt"

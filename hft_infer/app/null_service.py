@@ -157,8 +157,9 @@ class NullService:
 
     def drain(self):
         """Read up to ingest.max_drain frames: (instruments, seqs, ts_sends, frames read)."""
-        recv, decode, topic_in = self.ingest.recv, self.decode, self.topic_in
-        insts, seqs, sends = [], [], []
+        recv, topic_in = self.ingest.recv, self.topic_in
+        payloads = []
+        add = payloads.append
         got = 0
         payload = None
         try:
@@ -174,28 +175,36 @@ class NullService:
                     while len(payload) == 4:  # the topic before was a lone frame; this is the next topic
                         self._reject(Reason.BAD_FRAMING)
                         payload = recv(_NB)
-                try:
-                    head = decode(payload)
-                except msgspec.DecodeError:
-                    self._reject(Reason.DECODE_ERROR)
-                    continue
-                kind = type(head)
-                if kind is _QuoteHead or kind is _TradeHead:
-                    if head.seq < 0 or not 0 <= head.instrument <= MAX_INSTRUMENT_ID:
-                        self._reject(Reason.BAD_FIELD)
-                        continue
-                    insts.append(head.instrument)
-                    seqs.append(head.seq)
-                    sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
-                elif kind is Heartbeat:
-                    self.heartbeats += 1
-                else:
-                    self.resets += 1
+                add(payload)
         except zmq.Again:
             if topic_in and payload is not None and len(payload) == 4:
                 self._reject(Reason.BAD_FRAMING)  # a topic frame whose message never came
+        return (*self._heads(payloads), got)
+
+    def _heads(self, payloads: list) -> tuple[list, list, list]:
+        """Decode the heads of a burst's messages: (instruments, seqs, ts_sends) of its events."""
+        decode = self.decode
+        insts, seqs, sends = [], [], []
+        for payload in payloads:
+            try:
+                head = decode(payload)
+            except msgspec.DecodeError:
+                self._reject(Reason.DECODE_ERROR)
+                continue
+            kind = type(head)
+            if kind is _QuoteHead or kind is _TradeHead:
+                if head.seq < 0 or not 0 <= head.instrument <= MAX_INSTRUMENT_ID:
+                    self._reject(Reason.BAD_FIELD)
+                    continue
+                insts.append(head.instrument)
+                seqs.append(head.seq)
+                sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
+            elif kind is Heartbeat:
+                self.heartbeats += 1
+            else:
+                self.resets += 1
         self.received += len(insts)
-        return insts, seqs, sends, got
+        return insts, seqs, sends
 
     def _reject(self, reason: Reason) -> None:
         self.received += 1
@@ -294,33 +303,8 @@ class ShmNullService(NullService):
             time.sleep(SHM_TICK_S)
 
     def drain(self):
-        recv, decode = self.ingest.recv, self.decode
-        insts, seqs, sends = [], [], []
-        got = 0
-        while got < self.max_drain:
-            payload = recv()
-            if payload is None:
-                break
-            got += 1
-            try:
-                head = decode(payload)
-            except msgspec.DecodeError:
-                self._reject(Reason.DECODE_ERROR)
-                continue
-            kind = type(head)
-            if kind is _QuoteHead or kind is _TradeHead:
-                if head.seq < 0 or not 0 <= head.instrument <= MAX_INSTRUMENT_ID:
-                    self._reject(Reason.BAD_FIELD)
-                    continue
-                insts.append(head.instrument)
-                seqs.append(head.seq)
-                sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
-            elif kind is Heartbeat:
-                self.heartbeats += 1
-            else:
-                self.resets += 1
-        self.received += len(insts)
-        return insts, seqs, sends, got
+        payloads = self.ingest.recv_many(self.max_drain)
+        return (*self._heads(payloads), len(payloads))
 
     def _send(self, topic: bytes, frame) -> bool:
         return self.egress.send(frame)  # DiscardData: False when a subscriber's buffer is full (counted)
