@@ -13,7 +13,8 @@ extends), and `Egress.flush` sends it once per iteration:
 
 The socket is an XPUB with XPUB_NODROP (transport/sockets.py says why): a
 send that meets a full subscriber pipe raises zmq.Again, which is counted in
-`dropped` (per frame) and never waited on.
+`dropped` (per frame) and never waited on. Over iceoryx2 (`ShmEgress`) the publisher
+discards a frame for a subscriber whose buffer is full, which is counted the same way.
 """
 
 from __future__ import annotations

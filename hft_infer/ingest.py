@@ -50,6 +50,10 @@ Why this file runs a little past ~450 lines: the burst loop is one function with
 hoisted locals on purpose (a helper call per event costs ~0.1 µs of CPython);
 the cold paths already live in ingest_cold.py.
 
+Over iceoryx2 (`ShmIngest`, chosen by channels.py) only phase 1 differs: one sample is one whole
+frame with no topic frame (transport/shm.py copies it into bytes); phases 2 and 3 (`_finish`)
+are the same code, so checks, reasons, stages and accounting do not depend on the transport.
+
 Cost is measured per burst (the `ingest` stage: mean receive->queued time of the burst's
 events, one sample per burst) and in tools/bench_hotpath.py. The cold branches are in
 ingest_cold.py.
