@@ -29,7 +29,7 @@ from msgspec import Meta
 from hft_infer.config_errors import Overrides, config_error, msgspec_problem, struct_problem
 from hft_infer.errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "load_config", "expand_endpoint", "runtime_dir"]
+__all__ = ["Config", "ConfigError", "load_config", "expand_endpoint", "expand_shm_service", "runtime_dir"]
 
 PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -53,9 +53,20 @@ class ServiceConfig(_Section):
     """systemd TimeoutStartSec of generated units: warm-up, graph capture and a cold Triton compile must reach READY=1 within this."""
 
 
+def _check_shm_service(template: str) -> None:
+    if "{" in template.replace("{name}", "") or "}" in template.replace("{name}", ""):
+        raise ValueError(f"`shm_service` {template!r}: the only placeholder is {{name}}")
+
+
 class IngestConfig(_Section):
+    transport: Literal["zmq", "iceoryx2"] = "zmq"
+    """zmq: the ZeroMQ socket at `endpoint`; iceoryx2: the shared-memory service `shm_service` on this host (the `shm` extra; no topic frames, so `topic_frame` and the socket keys do not apply)."""
     endpoint: str = "ipc://{runtime_dir}/{name}-md.sock"
     """Market-data endpoint (ipc://, tcp://127.0.0.1:PORT; others need security.allow_remote)."""
+    shm_service: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.{}/-]{1,200}$")] = "hft-infer/{name}/md"
+    """iceoryx2 publish-subscribe service of the feed (`{name}` = service.name, so shard instances get their own)."""
+    shm_buffer: Annotated[int, Meta(ge=1, le=65536)] = 4096
+    """iceoryx2: frames the service's subscriber buffers; a feed publisher meeting a full buffer waits (replay) or drops and counts the frame (FeedPublisher)."""
     socket_type: Literal["sub", "pull"] = "sub"
     """sub: topic-filtered subscriber to a PUB feed; pull: fan-in from PUSH publishers."""
     bind: bool = False
@@ -79,10 +90,19 @@ class IngestConfig(_Section):
     max_drain: PosInt = 256
     """Most frames read in one ingest burst before the loop looks at the model step again."""
 
+    def __post_init__(self) -> None:
+        _check_shm_service(self.shm_service)
+
 
 class EgressConfig(_Section):
+    transport: Literal["zmq", "iceoryx2"] = "zmq"
+    """zmq: the XPUB at `endpoint`; iceoryx2: the shared-memory service `shm_service` (no topic frames: `topic_frame` does not apply)."""
     endpoint: str = "ipc://{runtime_dir}/{name}-decisions.sock"
     """Where decisions (and Status) are published."""
+    shm_service: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.{}/-]{1,200}$")] = "hft-infer/{name}/decisions"
+    """iceoryx2 publish-subscribe service of the decisions (`{name}` = service.name)."""
+    shm_buffer: Annotated[int, Meta(ge=1, le=65536)] = 4096
+    """iceoryx2: frames each decision subscriber buffers; a frame meeting a full buffer is not sent to it and counted in egress_dropped (never waited on)."""
     mode: Literal["batch", "per_instrument"] = "batch"
     """batch: one DecisionBatch frame per loop iteration (columnar; cheapest per decision); per_instrument: one Decision frame per answer on the instrument's topic (for subscribers that filter)."""
     bind: bool = True
@@ -97,6 +117,9 @@ class EgressConfig(_Section):
     """Answer rejected events whose instrument and seq are known with status REJECTED."""
     status_interval_ms: PosInt = 1000
     """How often a Status message with the counters goes out on the decision socket."""
+
+    def __post_init__(self) -> None:
+        _check_shm_service(self.shm_service)
 
 
 class UniverseConfig(_Section):
@@ -319,6 +342,11 @@ def expand_endpoint(template: str, cfg: Config) -> str:
     if "{" not in template:
         return template
     return template.format(runtime_dir=runtime_dir(), name=cfg.service.name)
+
+
+def expand_shm_service(template: str, cfg: Config) -> str:
+    """Fill `{name}` in an iceoryx2 service name template."""
+    return template.replace("{name}", cfg.service.name) if "{" in template else template
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:

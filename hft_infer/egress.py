@@ -13,7 +13,8 @@ extends), and `Egress.flush` sends it once per iteration:
 
 The socket is an XPUB with XPUB_NODROP (transport/sockets.py says why): a
 send that meets a full subscriber pipe raises zmq.Again, which is counted in
-`dropped` (per frame) and never waited on.
+`dropped` (per frame) and never waited on. Over iceoryx2 (`ShmEgress`) the publisher
+discards a frame for a subscriber whose buffer is full, which is counted the same way.
 """
 
 from __future__ import annotations
@@ -157,3 +158,21 @@ class Egress:
             return False
         self.sent += 1
         return True
+
+
+class ShmEgress(Egress):
+    """Egress over iceoryx2 (transport/shm.py): one sample per frame, no topic frame. The
+    publisher discards a frame for a subscriber whose buffer is full (never waits); such a
+    frame is counted in `dropped`, as a full ZeroMQ pipe is."""
+
+    def __init__(self, sock, instrument_ids: list[int], *, mode: str, topic_frame: bool = False,
+                 model_version: str) -> None:
+        super().__init__(sock, instrument_ids, mode=mode, topic_frame=False, model_version=model_version)
+        self._shm_send = sock.send
+
+    def _send(self, topic: bytes, payload) -> bool:
+        if self._shm_send(payload):
+            self.sent += 1
+            return True
+        self.dropped += 1
+        return False

@@ -50,6 +50,10 @@ Why this file runs a little past ~450 lines: the burst loop is one function with
 hoisted locals on purpose (a helper call per event costs ~0.1 µs of CPython);
 the cold paths already live in ingest_cold.py.
 
+Over iceoryx2 (`ShmIngest`, chosen by channels.py) only phase 1 differs: one sample is one whole
+frame with no topic frame (transport/shm.py copies it into bytes); phases 2 and 3 (`_finish`)
+are the same code, so checks, reasons, stages and accounting do not depend on the transport.
+
 Cost is measured per burst (the `ingest` stage: mean receive->queued time of the burst's
 events, one sample per burst) and in tools/bench_hotpath.py. The cold branches are in
 ingest_cold.py.
@@ -194,6 +198,14 @@ class Ingest(IngestColdPaths):
             tops_append(first)
             pays_append(payload)
             recvs_append(perf_ns())
+        if n:
+            self._finish(tops, pays, recvs, events, n, offset, t_first)
+        return n
+
+    def _finish(self, tops: list, pays: list, recvs: list[int], events: int, n: int, offset: int,
+                t_first: int) -> None:
+        """Phases 2 and 3 of a burst of `n` frames read (the same for every transport): decode,
+        handle, count; `events` were counted by the read phase's cold branches."""
         k = len(pays)
         if k:
             try:
@@ -208,10 +220,8 @@ class Ingest(IngestColdPaths):
             else:
                 for c in range(0, k, chunk):
                     events += self._handle(msgs[c:c + chunk], tops[c:c + chunk], recvs[c:c + chunk], offset)
-        if n:
-            self.acct.received += events
-            self.burst_ns = (perf_ns() - t_first) // n
-        return n
+        self.acct.received += events
+        self.burst_ns = (perf_ns() - t_first) // n
 
     def _handle(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
         """Validate, sequence and take positions for a chunk, then write and queue it; returns
@@ -459,3 +469,37 @@ class Ingest(IngestColdPaths):
         self._touched.clear()
         if stale:
             self._shed_stale(stale)
+
+
+class ShmIngest(Ingest):
+    """The ingest over iceoryx2 (transport/shm.py): each sample is one whole frame, with no
+    topic frame, so the read phase is the recv loop, the size limit and the receive time;
+    decoding, checks, sequencing, accounting and answers are Ingest's (`_finish`)."""
+
+    def drain(self, max_frames: int) -> int:
+        sock = self.sock
+        if not sock.has_samples():  # ~0.2 us: cheaper than a receive that finds nothing
+            return 0
+        recv = sock.recv
+        max_frame = self.max_frame_bytes
+        offset = self.clock.sync()
+        pays: list = []
+        recvs: list[int] = []
+        pays_append, recvs_append = pays.append, recvs.append
+        events = 0
+        n = 0
+        t_first = perf_ns()
+        while n < max_frames:
+            payload = recv()
+            if payload is None:
+                break
+            n += 1
+            if len(payload) > max_frame:
+                events += 1
+                self._reject(OVERSIZED, None, None, perf_ns(), offset)
+                continue
+            pays_append(payload)
+            recvs_append(perf_ns())
+        if n:
+            self._finish([None] * len(pays), pays, recvs, events, n, offset, t_first)
+        return n

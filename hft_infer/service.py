@@ -33,6 +33,7 @@ import sys
 
 import zmq
 
+from hft_infer import channels
 from hft_infer.accounting import Accounting
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint
@@ -55,6 +56,7 @@ STALE = int(Reason.STALE)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 GAP_WINDOW_NS = 100_000  # loop_gap: the worst gap between iterations per 100 us of loop time
+SHM_IDLE_TICK_NS = 200_000  # hybrid/event over iceoryx2, idle: sleep this long, then look again
 DRAIN_QUIET_NS = 100_000_000  # on stop: the feed is drained once it has been silent this long
 
 
@@ -85,6 +87,7 @@ class Service:
         self.ctx: zmq.Context | None = None
         self._owns_ctx = False
         self.ingest_sock = self.egress_sock = self.control_sock = None
+        self._ingest_shm = self._egress_shm = False  # iceoryx2 (transport/shm.py) instead of zmq
         self.egress: Egress | None = None
         self.ingest: Ingest | None = None
         self.step: Stepper | None = None
@@ -129,18 +132,17 @@ class Service:
         self.ctx = ctx or zmq.Context()
         allow = cfg.security.allow_remote
         topics = None
-        if cfg.ingest.topic_frame:  # every instrument's topic, and the service topic (Heartbeat, Reset)
+        if cfg.ingest.topic_frame and cfg.ingest.transport == "zmq":  # instruments and the service topic
             topics = [topic_for(i) for i in self.instrument_ids] + [topic_for(SERVICE_TOPIC_ID)]
-        egr = expand_endpoint(cfg.egress.endpoint, cfg)
-        self.egress_sock, self.endpoints["decisions"] = sockets.open_egress(
-            self.ctx, egr, bind_socket=cfg.egress.bind, snd_hwm=cfg.egress.snd_hwm, allow_remote=allow,
-            curve=curve_egress)
-        ing = expand_endpoint(cfg.ingest.endpoint, cfg)
-        self.ingest_sock, self.endpoints["ingest"] = sockets.open_ingest(
-            self.ctx, ing, socket_type=cfg.ingest.socket_type, bind_socket=cfg.ingest.bind, topics=topics,
-            rcv_hwm=cfg.ingest.rcv_hwm, max_msg_size=cfg.ingest.max_msg_size_bytes, allow_remote=allow,
-            curve=curve_ingest)
-        if not cfg.ingest.bind:  # a connecting socket: watch the connection (libzmq may not restore it)
+        egr = channels.open_egress(cfg, self.ctx, curve=curve_egress)
+        self.egress_sock, self.endpoints["decisions"] = egr.sock, egr.address
+        ing = channels.open_ingest(cfg, self.ctx, topics=topics, curve=curve_ingest)
+        self.ingest_sock, self.endpoints["ingest"] = ing.sock, ing.address
+        self._ingest_shm, self._egress_shm = ing.shm, egr.shm
+        for ch in (ing, egr):
+            if ch.shm:  # what the start-up removed of nodes that died without cleaning up (kill -9)
+                self.log(f"{ch.address}: iceoryx2 dead-node cleanup: {ch.sock.cleanup}")
+        if not cfg.ingest.bind and not ing.shm:  # a connecting socket: watch it (libzmq may not restore it)
             self.feed_monitor = FeedMonitor(self.ingest_sock, self.endpoints["ingest"], self.acct, self.log)
         # Stats to the control process: never wait for it (IMMEDIATE: no queue without a live
         # peer; tiny HWM; NOBLOCK sends, drops counted).
@@ -152,12 +154,12 @@ class Service:
         self.control_sock.setsockopt(zmq.LINGER, 0)
         self.control_sock.connect(ctl)
         self.endpoints["control"] = ctl
-        self.egress = Egress(self.egress_sock, self.instrument_ids, mode=cfg.egress.mode,
-                             topic_frame=cfg.egress.topic_frame, model_version=self.model_version)
+        self.egress = egr.cls(self.egress_sock, self.instrument_ids, mode=cfg.egress.mode,
+                              topic_frame=egr.topic_frame, model_version=self.model_version)
         sc = cfg.scheduler
-        self.ingest = Ingest(
+        self.ingest = ing.cls(
             self.ingest_sock, instrument_ids=self.instrument_ids, store=self.store, sched=self.sched,
-            acct=self.acct, answers=self.egress.answers, clock=self.clock, topic_frame=cfg.ingest.topic_frame,
+            acct=self.acct, answers=self.egress.answers, clock=self.clock, topic_frame=ing.topic_frame,
             max_frame_bytes=cfg.ingest.max_frame_bytes, max_levels=cfg.ingest.max_levels,
             model_levels=self.levels, max_age_us=sc.max_age_us, class_by_slot_kind=self.class_table,
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,
@@ -237,7 +239,8 @@ class Service:
         if now >= self._next_ship_ns:
             self._next_ship_ns = now + self.cfg.metrics.stats_interval_ms * 1_000_000
             self._ship(now)
-            sockets.drain_subscriptions(self.egress_sock)
+            if not self._egress_shm:
+                sockets.drain_subscriptions(self.egress_sock)
             self.clock.refresh()
             self.heap.collect_young()  # young generation only, here and never mid-burst
             if self.on_housekeeping is not None:
@@ -251,8 +254,9 @@ class Service:
         cfg = self.cfg
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        fd = self.ingest_sock.getsockopt(zmq.FD)
-        loop.add_reader(fd, self._wake)
+        fd = None if self._ingest_shm else self.ingest_sock.getsockopt(zmq.FD)
+        if fd is not None:  # iceoryx2 has no FD to wait on: _wait_readable sleeps in short ticks
+            loop.add_reader(fd, self._wake)
         self.heap.freeze()  # no-op if finish_warmup froze it already (serve passes it this heap)
         now = perf_ns()
         self._last_ship_ns = now
@@ -268,7 +272,8 @@ class Service:
         except EngineFailure as e:
             self._fail(e)
         finally:
-            loop.remove_reader(fd)
+            if fd is not None:
+                loop.remove_reader(fd)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             self.heap.restore()
@@ -326,7 +331,10 @@ class Service:
         sock = self.ingest_sock
         # ZeroMQ's FD signals edges: input that arrived before we got here raises no new
         # edge, so look first.
-        if sock.getsockopt(_EVENTS) & _POLLIN:
+        if self._ingest_shm:
+            if sock.has_samples():
+                return
+        elif sock.getsockopt(_EVENTS) & _POLLIN:
             return
         wake_ns = min(self._next_ship_ns, self._next_status_ns)
         if self.feed_monitor is not None:
@@ -339,6 +347,8 @@ class Service:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._fd_future = fut
+        if self._ingest_shm:  # no FD: look again after a tick (the idle cost of hybrid/event over iceoryx2)
+            wake_ns = min(wake_ns, now + SHM_IDLE_TICK_NS)
         timer = loop.call_later(max(0.0, (wake_ns - now) / 1e9), self._wake)
         try:
             await fut
@@ -399,11 +409,12 @@ class Service:
         if self.feed_monitor is not None:
             self.feed_monitor.close()
             self.feed_monitor = None
-        for sock in (self.ingest_sock, self.control_sock):
-            if sock is not None:
-                sock.close(0)
+        if self.ingest_sock is not None:
+            self.ingest_sock.close() if self._ingest_shm else self.ingest_sock.close(0)
+        if self.control_sock is not None:
+            self.control_sock.close(0)
         if self.egress_sock is not None:
-            self.egress_sock.close()  # linger: let the final decisions and Status out
+            self.egress_sock.close()  # zmq linger: let the final decisions and Status out
         self.ingest_sock = self.control_sock = self.egress_sock = None
         if not self._engine_closed:
             self._engine_closed = True

@@ -17,6 +17,10 @@ then hold for every endpoint, and --out also records each frame's endpoint
 index (`load_sources`). An empty socket costs one failed recv per pass, so
 one collector serves a few shards, not dozens.
 
+`--endpoint iceoryx2:SERVICE`: an iceoryx2 subscriber (transport/shm.py, buffer
+`--shm-buffer`) instead of a SUB; one sample is one message. Without --spin it
+sleeps in SHM_TICK_S steps between looks (iceoryx2 gives no FD to block on).
+
 Replies on stdout (replay.child): `ready` when the first Status arrives (the
 subscription has reached the service, so no later decision can be missed);
 then, on command,
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 import zmq
@@ -39,9 +44,11 @@ from hft_infer.clock import perf_ns
 from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, set_timer_slack, zmq_context
 from hft_infer.transport.codec import EgressDecoder, message_tag
 from hft_infer.transport.schema import TAG_STATUS, Status
+from hft_infer.transport.shm import ShmSubscriber, service_of
 from hft_infer.transport.sockets import connect
 
 COMMAND_CHECK_NS = 1_000_000
+SHM_TICK_S = 20e-6  # blocking over iceoryx2 (no FD): how often it looks for samples
 CHECK_EVERY_FRAMES = 1024  # a busy stream never raises Again: look at the commands anyway
 
 
@@ -100,6 +107,26 @@ class Receiver:
             frames.extend([None] * len(frames))
             times.extend([0] * len(times))
 
+    def drain_shm(self) -> None:
+        """`drain` over iceoryx2 (transport/shm.py): one sample is one whole message."""
+        recv = self.sock.recv
+        frames, times, status_at = self.frames, self.times, self.status_at
+        n = self.n
+        limit = min(len(frames), n + CHECK_EVERY_FRAMES)
+        while n < limit:
+            payload = recv()
+            if payload is None:
+                break
+            frames[n] = payload
+            times[n] = perf_ns()
+            if message_tag(payload) == TAG_STATUS:
+                status_at.append(n)
+            n += 1
+        self.n = n
+        if n == len(frames):
+            frames.extend([None] * len(frames))
+            times.extend([0] * len(times))
+
     def status(self, i: int) -> Status | None:
         try:
             msg = self.decode(self.frames[i])
@@ -110,7 +137,8 @@ class Receiver:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="collector_proc")
-    ap.add_argument("--endpoint", action="append", required=True, help="repeatable: one SUB socket each")
+    ap.add_argument("--endpoint", action="append", required=True,
+                    help="repeatable: one SUB socket each (iceoryx2:SERVICE: an iceoryx2 subscriber)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--subscribe", action="append", default=None, metavar="HEX",
                     help="topic prefix in hex (repeatable; default: everything)")
@@ -119,12 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--io-cores", default="")
     ap.add_argument("--spin", action="store_true")
     ap.add_argument("--no-topic-frame", action="store_true")
+    ap.add_argument("--shm-buffer", type=int, default=4096, help="iceoryx2: this subscriber's buffer (frames)")
     a = ap.parse_args(argv)
     set_timer_slack()
     ctx = zmq_context(parse_cores(a.io_cores))
     placed = pin_self(a.core)
     socks = []
     for endpoint in a.endpoint:
+        service = service_of(endpoint)
+        if service is not None:
+            socks.append(ShmSubscriber(service, buffer=a.shm_buffer, role="collector"))
+            continue
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, 0)  # never drop: a slow collector must show, not lose
         sock.setsockopt(zmq.LINGER, 0)
@@ -136,11 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(a.subscribe) if a.subscribe is not None else 'all'} topic(s), {len(socks)} endpoint(s)")
     capacity = max(a.capacity // len(socks), 1024)
     rxs = [Receiver(sock, topic_frame=not a.no_topic_frame, capacity=capacity) for sock in socks]
+    for r in rxs:
+        if isinstance(r.sock, ShmSubscriber):
+            r.drain = r.drain_shm
+    shm = [r.sock for r in rxs if isinstance(r.sock, ShmSubscriber)]
     rx = rxs[0]
     commands = Commands()
     poller = zmq.Poller()
     for sock in socks:
-        poller.register(sock, zmq.POLLIN)
+        if not isinstance(sock, ShmSubscriber):
+            poller.register(sock, zmq.POLLIN)
     poller.register(commands.fd, zmq.POLLIN)
     ready = False
     waiting = None  # (what, argument, deadline_ns) of the command being answered
@@ -157,8 +195,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # blocking: sleep in zmq_poll until a frame, a command or the next check is due
             timeout_ms = 10 if waiting is not None and waiting[0] == "quiet" else 100
-            events = dict(poller.poll(timeout_ms))
-            if events and commands.fd not in events:
+            if shm:  # iceoryx2 has no FD: look at the samples every SHM_TICK_S until a check is due
+                events = {}
+                while not any(s.has_samples() for s in shm) and perf_ns() < next_check:
+                    time.sleep(SHM_TICK_S)
+                    if poller.poll(0):
+                        events = {commands.fd: 1}
+                        break
+            else:
+                events = dict(poller.poll(timeout_ms))
+            if events and commands.fd not in events or shm and not events:
                 continue
             now = perf_ns()
         next_check = now + COMMAND_CHECK_NS  # also while frames never stop coming

@@ -46,6 +46,7 @@ from hft_infer.clock import perf_ns
 from hft_infer.replay.events import KIND_QUOTE
 from hft_infer.transport.codec import topic_for
 from hft_infer.transport.schema import Quote, Trade
+from hft_infer.transport.shm import ShmPublisher
 
 TS_SENTINEL = 0x7FFF_FFFF_FFFF_FFF0
 _SENTINEL_BYTES = b"\xcf" + TS_SENTINEL.to_bytes(8, "big")
@@ -158,7 +159,16 @@ def load_feed(path: str) -> tuple[EncodedFeed, np.ndarray]:
         return EncodedFeed(topics, payloads, z["ts_offsets"].tolist()), z["offsets_ns"].copy()
 
 
-def direct_send(sock: zmq.Socket):
+def direct_send(sock):
+    """As `_direct_send`; for an iceoryx2 publisher (transport/shm.py) its send, called the same way
+    (there are no topic frames over iceoryx2: its Pacer has topic_frame=False)."""
+    if isinstance(sock, ShmPublisher):
+        shm_send = sock.send
+        return lambda data, flags, copy, track: shm_send(data)
+    return _direct_send(sock)
+
+
+def _direct_send(sock: zmq.Socket):
     """`sock.send` without pyzmq's Python layer: the compiled backend method, bound, to be
     called positionally as send(data, flags, copy, track). zmq.Socket.send is a Python
     wrapper (draft sockets' routing_id/group) that calls it with keyword arguments; the

@@ -14,6 +14,10 @@ if it had just started), sends `progress I N` about once a second, writes the
 intended and actual send times to --out and replies `done SENT`. It keeps the
 socket open until `exit` (or the end of stdin), so that frames still queued
 in libzmq are delivered.
+
+`--endpoint iceoryx2:SERVICE` publishes on that iceoryx2 service instead (transport/shm.py): no
+topic frames, its publisher waits for room in a full subscriber buffer (never drops, as the
+XPUB's SNDHWM 0), and `subscribed` counts the service's subscribers.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, 
 from hft_infer.replay.pacer import Pacer, load_feed
 from hft_infer.transport.codec import SERVICE_TOPIC, encode
 from hft_infer.transport.schema import ALL_INSTRUMENTS, Reset
+from hft_infer.transport.shm import ShmPublisher, service_of
 from hft_infer.transport.sockets import EndpointError, bind
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pacer_proc")
     ap.add_argument("--feed", required=True)
-    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--endpoint", required=True, help="a ZeroMQ endpoint to bind, or iceoryx2:SERVICE")
+    ap.add_argument("--shm-buffer", type=int, default=4096, help="iceoryx2: the service's subscriber buffer")
     ap.add_argument("--out", required=True)
     ap.add_argument("--topics", type=int, default=1, help="subscriptions to wait for")
     ap.add_argument("--settle-ms", type=float, default=0.0)
@@ -52,11 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     log(f"pacer: {'spin' if a.spin else 'sleep'}, {placed}, io cores {a.io_cores or '-'}, "
         f"timer slack {'1 ns' if slack else 'default'}")
     feed, offsets = load_feed(a.feed)
-    pub = ctx.socket(zmq.XPUB)
-    pub.setsockopt(zmq.SNDHWM, 0)  # never drop: a slow service shows up as latency
-    pub.setsockopt(zmq.LINGER, 2000)
+    service = service_of(a.endpoint)
     try:
-        bind(pub, a.endpoint)
+        if service is not None:
+            # RetryUntilDelivered: never drop, as SNDHWM 0 below (a slow service shows up as latency)
+            pub = ShmPublisher(service, buffer=a.shm_buffer, max_frame_bytes=max(map(len, feed.payloads), default=64),
+                               block=True, role="pacer")
+            a.no_topic_frame = True
+        else:
+            pub = ctx.socket(zmq.XPUB)
+            pub.setsockopt(zmq.SNDHWM, 0)  # never drop: a slow service shows up as latency
+            pub.setsockopt(zmq.LINGER, 2000)
+            bind(pub, a.endpoint)
     except EndpointError as e:
         reply("error", str(e))
         return 2
@@ -67,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     go = None
     reported = False
     while go is None:
-        if pub.poll(20):
+        if service is not None:  # iceoryx2: the service's subscriber is the one "subscription"
+            time.sleep(0.02)
+            if pub.subscribers() > subscribed:
+                subscribed = pub.subscribers()
+                last_sub = perf_ns()
+        elif pub.poll(20):
             while pub.poll(0):
                 if pub.recv()[:1] == b"\x01":
                     subscribed += 1
@@ -98,15 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     while not commands.eof:
         if "exit" in commands.poll(1.0):
             break
-    pub.close()  # LINGER: what libzmq still holds goes out first
+    pub.close()  # zmq LINGER: what libzmq still holds goes out first
     ctx.term()
     return 0
 
 
-def _send_reset(pub: zmq.Socket, *, topic_frame: bool) -> None:
+def _send_reset(pub, *, topic_frame: bool) -> None:
     """One Reset of every instrument, on the service topic; ordered before the feed's first frame
     because both leave through this one socket."""
     payload = encode(Reset(ts_send_ns=time.time_ns(), instrument=ALL_INSTRUMENTS))
+    if isinstance(pub, ShmPublisher):
+        pub.send(payload)
+        return
     if topic_frame:
         pub.send(SERVICE_TOPIC, zmq.SNDMORE)
     pub.send(payload)

@@ -34,12 +34,14 @@ from pathlib import Path
 
 import zmq
 
+from hft_infer.transport.shm import ShmSubscriber, service_of
 from hft_infer.transport.sockets import open_ingest
 
 from .capture import FLUSH_MS, FLUSH_RECORDS, CaptureWriter
 
 # Longest poll, so that a signal flag or a stop event is seen promptly.
 _POLL_CAP_MS = 50
+SHM_TICK_S = 100e-6  # iceoryx2, nothing waiting: sleep this long before looking again
 # Messages read per wake-up before the loop checks its deadlines again.
 _BURST = 4096
 
@@ -67,7 +69,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
            overwrite: bool = False, append: bool = False, ctx: zmq.Context | None = None,
            stop: threading.Event | None = None, on_ready: Callable[[str], None] | None = None,
            handle_signals: bool = True, on_silence: Callable[[float], None] | None = None,
-           silence_s: float = 5.0) -> RecordResult:
+           silence_s: float = 5.0, shm_buffer: int = 4096) -> RecordResult:
     """Subscribe to `endpoint` (SUB to everything by default, or PULL) and record every message.
 
     topics: SUB prefix filters (e.g. `topic_for(7)`); None records everything.
@@ -75,6 +77,8 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
     bound) and the file is created. handle_signals installs SIGINT/SIGTERM
     handlers while recording (main thread only). on_silence(seconds) is called
     once if no message has arrived `silence_s` after the socket was ready.
+    `endpoint` = "iceoryx2:SERVICE" subscribes to that iceoryx2 service instead (a subscriber
+    buffer of `shm_buffer` frames; no topic frames: the capture says so).
     """
     if duration_s is not None and duration_s <= 0:
         raise ValueError("duration_s must be positive")
@@ -88,9 +92,14 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
     def on_signal(signum, frame) -> None:
         stopped.append("signal")  # only flips state; the loop flushes and closes
 
+    service = service_of(endpoint)
     try:
-        sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
-                                     rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
+        if service is not None:  # iceoryx2 (transport/shm.py): one sample per message, no topic frames
+            sock = ShmSubscriber(service, buffer=shm_buffer, role="recorder")
+            resolved, topic_frame = sock.address, False
+        else:
+            sock, resolved = open_ingest(ctx, endpoint, socket_type=socket_type, bind_socket=bind, topics=topics,
+                                         rcv_hwm=0, max_msg_size=-1, allow_remote=allow_remote)
         try:
             writer = CaptureWriter(out_path, endpoint=resolved, topic_frame=topic_frame,
                                    meta={"socket_type": socket_type, "bind": bind,
@@ -98,7 +107,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
                                    flush_records=flush_records, flush_ms=flush_ms, fsync=fsync,
                                    overwrite=overwrite, append=append)
         except BaseException:
-            sock.close(0)
+            _close(sock)
             raise
         if handle_signals and threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
@@ -115,7 +124,7 @@ def record(endpoint: str, out_path: str | Path, *, duration_s: float | None = No
             try:
                 writer.close()
             finally:
-                sock.close(0)
+                _close(sock)
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
@@ -146,18 +155,15 @@ def _backend_method(sock: zmq.Socket, name: str):
     return getattr(sock, name)
 
 
-def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
+def _loop(sock, writer: CaptureWriter, t0: int, duration_s: float | None, max_events: int | None,
           stopped: list[str], stop: threading.Event | None,
           silence: tuple[int, Callable[[float], None]] | None = None) -> str:
     deadline = t0 + int(duration_s * 1e9) if duration_s is not None else None
     silence_at = t0 + silence[0] if silence is not None else None
     limit = max_events if max_events is not None else -1
     n = 0
-    # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
-    # conversions cost microseconds): this loop runs per message.
-    poll, add, now_ns = sock.poll, writer.add, time.time_ns
-    recv, get = _backend_method(sock, "recv"), _backend_method(sock, "get")
-    monotonic_ns, noblock, rcvmore, again = time.monotonic_ns, int(zmq.NOBLOCK), int(zmq.RCVMORE), zmq.Again
+    read = _shm_reader(sock, writer) if isinstance(sock, ShmSubscriber) else _zmq_reader(sock, writer)
+    monotonic_ns = time.monotonic_ns
     while True:
         if stopped:
             return stopped[0]
@@ -177,8 +183,22 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
         due = writer.flush_due_ns
         if due is not None:
             timeout_ms = min(timeout_ms, max(due - mono, 0) / 1e6)
-        if not poll(max(timeout_ms, 0.0)):
-            continue
+        n = read(max(timeout_ms, 0.0), n, limit)
+        if n == limit:
+            return "count"
+
+
+def _zmq_reader(sock: zmq.Socket, writer: CaptureWriter):
+    """read(timeout_ms, n, limit) -> n: wait up to timeout_ms for a message, then record a burst."""
+    # Bound once, flags as plain ints (zmq's IntFlag arithmetic and enum
+    # conversions cost microseconds): this loop runs per message.
+    poll, add, now_ns = sock.poll, writer.add, time.time_ns
+    recv, get = _backend_method(sock, "recv"), _backend_method(sock, "get")
+    noblock, rcvmore, again = int(zmq.NOBLOCK), int(zmq.RCVMORE), zmq.Again
+
+    def read(timeout_ms: float, n: int, limit: int) -> int:
+        if not poll(timeout_ms):
+            return n
         for _ in range(_BURST):
             try:
                 first = recv(noblock, True, False)
@@ -193,7 +213,37 @@ def _loop(sock: zmq.Socket, writer: CaptureWriter, t0: int, duration_s: float | 
             add(now_ns(), frames)  # stamped once the whole message is in
             n += 1
             if n == limit:
-                return "count"
+                break
+        return n
+
+    return read
+
+
+def _shm_reader(sock: ShmSubscriber, writer: CaptureWriter):
+    """As `_zmq_reader` over iceoryx2: one sample is one whole message; with no FD to poll, an
+    empty subscriber sleeps SHM_TICK_S (at most timeout_ms)."""
+    recv, add, now_ns = sock.recv, writer.add, time.time_ns
+
+    def read(timeout_ms: float, n: int, limit: int) -> int:
+        got = 0
+        while got < _BURST:
+            payload = recv()
+            if payload is None:
+                break
+            got += 1
+            add(now_ns(), (payload,))
+            n += 1
+            if n == limit:
+                break
+        if not got:
+            time.sleep(min(SHM_TICK_S, timeout_ms / 1000))
+        return n
+
+    return read
+
+
+def _close(sock) -> None:
+    sock.close() if isinstance(sock, ShmSubscriber) else sock.close(0)
 
 
 __all__ = ["RecordResult", "record"]

@@ -8,6 +8,8 @@ Each check that `serve` would refuse at start is an error (one line, exit 2):
   non-loopback endpoints without CURVE or `security.allow_remote`, in all the
   forms `transport.sockets.is_local_endpoint` judges remote; CURVE key files;
   the control endpoint and the dashboard's host);
+- the transports: iceoryx2 chosen without the `shm` extra installed, or a service name
+  iceoryx2 would refuse (`channels.check_transports`);
 - the model checkpoint: loaded with the loader `serve` uses, so a missing,
   unreadable or mismatched file fails here (this imports torch: seconds).
 
@@ -26,13 +28,15 @@ import sys
 
 import msgspec
 
-from hft_infer.config import Config, ConfigError, dump_toml, load_config, runtime_dir
+from hft_infer.channels import check_transports
+from hft_infer.config import Config, ConfigError, dump_toml, expand_shm_service, load_config, runtime_dir
 from hft_infer.security import check_key_permissions, check_security, config_endpoints
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.file, args.overrides)
     warnings = check_security(cfg)
+    check_transports(cfg)
     warnings += [w for w in check_key_permissions(cfg, args.file) if w not in warnings]
     version = check_model(cfg)
     warnings += host_warnings(cfg)
@@ -50,8 +54,10 @@ def resolved(cfg: Config) -> Config:
     ep = {name: endpoint for name, endpoint, _ in config_endpoints(cfg)}
     return msgspec.structs.replace(
         cfg,
-        ingest=msgspec.structs.replace(cfg.ingest, endpoint=ep["ingest.endpoint"]),
-        egress=msgspec.structs.replace(cfg.egress, endpoint=ep["egress.endpoint"]),
+        ingest=msgspec.structs.replace(cfg.ingest, endpoint=ep["ingest.endpoint"],
+                                       shm_service=expand_shm_service(cfg.ingest.shm_service, cfg)),
+        egress=msgspec.structs.replace(cfg.egress, endpoint=ep["egress.endpoint"],
+                                       shm_service=expand_shm_service(cfg.egress.shm_service, cfg)),
         metrics=msgspec.structs.replace(cfg.metrics, control_endpoint=ep["metrics.control_endpoint"]))
 
 

@@ -40,6 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgres
 
 from hft_infer.affinity import parse_cpulist
 from hft_infer.app.launcher import READY_TIMEOUT_S, ServiceProcess, plan_harness, private_runtime_dir, tail
+from hft_infer.channels import check_transports, decisions_address, feed_address
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
 from hft_infer.errors import UserError
@@ -166,7 +167,11 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     """Returns (result dict, StatsReceiver | None, CollectorResult)."""
     cfg = target.cfg
     harness = harness or HarnessOptions()
-    if cfg.ingest.socket_type != "sub" or cfg.ingest.bind:
+    check_transports(cfg)
+    feed_shm, decisions_shm = cfg.ingest.transport == "iceoryx2", cfg.egress.transport == "iceoryx2"
+    if harness.collectors > 1 and decisions_shm:
+        raise UserError("--collectors > 1 splits the decisions by topic: iceoryx2 has no topics (egress.transport)")
+    if not feed_shm and (cfg.ingest.socket_type != "sub" or cfg.ingest.bind):
         raise UserError(f"{label} publishes on a PUB that the service connects to: needs ingest.socket_type = "
                         "\"sub\" and ingest.bind = false")
     if harness.collectors > 1 and not cfg.egress.topic_frame:
@@ -178,7 +183,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     if target.start_service:
         os.environ["HFT_INFER_RUNTIME_DIR"] = work  # the child inherits it; endpoints expand into it
     # the service subscribes to each owned instrument's topic and to the service topic (Heartbeat, Reset)
-    n_topics = len(cfg.universe.owned_ids()) + 1 if cfg.ingest.topic_frame else 1
+    # (iceoryx2: the one subscriber of the feed's service)
+    n_topics = len(cfg.universe.owned_ids()) + 1 if cfg.ingest.topic_frame and not feed_shm else 1
     feed_file = load.feed_file or os.path.join(work, "feed.npz")
     if load.feed_file is None:
         save_feed(feed_file, load.feed, load.offsets_ns)
@@ -196,7 +202,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         ctx = zmq.Context()
         io = ",".join(map(str, plan.helper_cores)) if pinned else ""
         pacer = Child("pacer", "hft_infer.replay.pacer_proc",
-                      ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),
+                      ["--feed", feed_file, "--endpoint", feed_address(cfg), "--shm-buffer", str(cfg.ingest.shm_buffer),
                        "--out", os.path.join(work, "pacer.npz"), "--topics", str(n_topics),
                        "--settle-ms", str(0 if target.start_service else SUBSCRIPTION_SETTLE_MS),
                        "--io-cores", io, *(["--core", str(plan.pacer_core)] if pinned else []),
@@ -211,7 +217,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
             topics = _collector_topics(cfg, k, harness.collectors)
             collectors.append(Child(f"collector {k}" if harness.collectors > 1 else "collector",
                                     "hft_infer.replay.collector_proc",
-                                    ["--endpoint", expand_endpoint(cfg.egress.endpoint, cfg),
+                                    ["--endpoint", decisions_address(cfg), "--shm-buffer", str(cfg.egress.shm_buffer),
                                      "--out", os.path.join(work, f"collector{k}.npz"), "--capacity", str(capacity),
                                      "--io-cores", io, *(["--core", str(core)] if core is not None else []),
                                      *(["--spin"] if plan.collector_spin else []),

@@ -47,9 +47,11 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from hft_infer import channels
 from hft_infer.affinity import apply_placement, configure_zmq_context, finish_warmup, plan_placement
+from hft_infer.channels import check_transports
 from hft_infer.clock import perf_ns
-from hft_infer.config import Config, expand_endpoint, load_config
+from hft_infer.config import Config, ConfigError, load_config
 from hft_infer.errors import UserError
 from hft_infer.transport import sockets
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, ReusableEncoder, topic_for
@@ -64,6 +66,7 @@ from hft_infer.transport.schema import (
     Reset,
     Status,
 )
+from hft_infer.transport.shm import ShmSubscriber
 
 MODEL_VERSION = "null"
 DRAIN_QUIET_NS = 100_000_000  # as the service: the feed is drained once silent this long
@@ -86,6 +89,7 @@ class _TradeHead(msgspec.Struct, tag=TAG_TRADE, array_like=True, frozen=True, gc
     ts_send_ns: int
 
 
+SHM_TICK_S = 50e-6  # hybrid/event over iceoryx2, idle: look this often (no FD to block on)
 _NB = int(zmq.NOBLOCK)
 _MORE_NB = int(zmq.SNDMORE) | _NB
 
@@ -110,8 +114,9 @@ class NullService:
         self.pending: deque = deque()  # (due_ns, instruments, seqs, ts_sends, ts_recv_ns) held by --delay-us
         self.n_pending = 0
         self.stopping = False
-        self.poller = zmq.Poller()
-        self.poller.register(ingest, zmq.POLLIN)
+        if not isinstance(ingest, ShmSubscriber):
+            self.poller = zmq.Poller()
+            self.poller.register(ingest, zmq.POLLIN)
 
     # ------------------------------------------------------------ the loop
 
@@ -133,7 +138,7 @@ class NullService:
             if not got and (self.poll_mode == "event" or
                             (self.poll_mode == "hybrid" and now - last_frame > self.spin_budget_ns)):
                 wake = next_status if not self.pending else min(next_status, self.pending[0][0])
-                self.poller.poll(max(0, min(50, (wake - now) // 1_000_000 + 1)))
+                self._wait(max(0, min(50, (wake - now) // 1_000_000 + 1)))
         self.drain_and_finish()
 
     def read_and_answer(self) -> tuple[int, int]:
@@ -144,13 +149,17 @@ class NullService:
             self.answer_or_hold(insts, seqs, sends, now)
         return got, now
 
+    def _wait(self, timeout_ms: int) -> None:
+        self.poller.poll(timeout_ms)
+
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
 
     def drain(self):
         """Read up to ingest.max_drain frames: (instruments, seqs, ts_sends, frames read)."""
-        recv, decode, topic_in = self.ingest.recv, self.decode, self.topic_in
-        insts, seqs, sends = [], [], []
+        recv, topic_in = self.ingest.recv, self.topic_in
+        payloads = []
+        add = payloads.append
         got = 0
         payload = None
         try:
@@ -166,28 +175,36 @@ class NullService:
                     while len(payload) == 4:  # the topic before was a lone frame; this is the next topic
                         self._reject(Reason.BAD_FRAMING)
                         payload = recv(_NB)
-                try:
-                    head = decode(payload)
-                except msgspec.DecodeError:
-                    self._reject(Reason.DECODE_ERROR)
-                    continue
-                kind = type(head)
-                if kind is _QuoteHead or kind is _TradeHead:
-                    if head.seq < 0 or not 0 <= head.instrument <= MAX_INSTRUMENT_ID:
-                        self._reject(Reason.BAD_FIELD)
-                        continue
-                    insts.append(head.instrument)
-                    seqs.append(head.seq)
-                    sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
-                elif kind is Heartbeat:
-                    self.heartbeats += 1
-                else:
-                    self.resets += 1
+                add(payload)
         except zmq.Again:
             if topic_in and payload is not None and len(payload) == 4:
                 self._reject(Reason.BAD_FRAMING)  # a topic frame whose message never came
+        return (*self._heads(payloads), got)
+
+    def _heads(self, payloads: list) -> tuple[list, list, list]:
+        """Decode the heads of a burst's messages: (instruments, seqs, ts_sends) of its events."""
+        decode = self.decode
+        insts, seqs, sends = [], [], []
+        for payload in payloads:
+            try:
+                head = decode(payload)
+            except msgspec.DecodeError:
+                self._reject(Reason.DECODE_ERROR)
+                continue
+            kind = type(head)
+            if kind is _QuoteHead or kind is _TradeHead:
+                if head.seq < 0 or not 0 <= head.instrument <= MAX_INSTRUMENT_ID:
+                    self._reject(Reason.BAD_FIELD)
+                    continue
+                insts.append(head.instrument)
+                seqs.append(head.seq)
+                sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
+            elif kind is Heartbeat:
+                self.heartbeats += 1
+            else:
+                self.resets += 1
         self.received += len(insts)
-        return insts, seqs, sends, got
+        return insts, seqs, sends
 
     def _reject(self, reason: Reason) -> None:
         self.received += 1
@@ -256,7 +273,7 @@ class NullService:
             if got:
                 quiet_since = now
             else:
-                self.poller.poll(5)
+                self._wait(5)
             self.answer_due(now)
         while self.pending:  # held answers: wait for their time, as promised
             self.answer_due(perf_ns())
@@ -269,6 +286,28 @@ class NullService:
                 "egress_dropped": self.dropped, "heartbeats": self.heartbeats, "resets": self.resets,
                 "rejected_by_reason": {r.name: self.by_reason[r] for r in Reason if self.by_reason[r]},
                 "egress_mode": self.mode, "delay_us": self.delay_ns / 1000, "engine": "null"}
+
+
+class ShmNullService(NullService):
+    """The null service over iceoryx2 (channels.py picks it): each sample is one whole message
+    (no topic frames); idle waits are short sleeps, as iceoryx2 gives no FD to block on."""
+
+    def __init__(self, cfg: Config, ingest, egress, **kw) -> None:
+        super().__init__(cfg, ingest, egress, **kw)
+        self.topic_in = self.topic_out = False
+
+    def _wait(self, timeout_ms: int) -> None:
+        deadline = perf_ns() + timeout_ms * 1_000_000
+        has = self.ingest.has_samples
+        while not has() and perf_ns() < deadline and not self.stopping:
+            time.sleep(SHM_TICK_S)
+
+    def drain(self):
+        payloads = self.ingest.recv_many(self.max_drain)
+        return (*self._heads(payloads), len(payloads))
+
+    def _send(self, topic: bytes, frame) -> bool:
+        return self.egress.send(frame)  # DiscardData: False when a subscriber's buffer is full (counted)
 
 
 def _log(msg: str) -> None:
@@ -292,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.delay_us < 0:
             raise UserError("--delay-us must be >= 0")
         return serve(args)
-    except (UserError, sockets.EndpointError, OSError) as e:
+    except (UserError, ConfigError, sockets.EndpointError, OSError) as e:
         print(f"null-service: error: {e}", file=sys.stderr)
         return 2
 
@@ -304,16 +343,15 @@ def serve(args: argparse.Namespace) -> int:
     plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index, use_torch=False)
     ctx = zmq.Context()
     report = apply_placement(plan, strict=cfg.cpu.strict, steps=[configure_zmq_context(ctx, plan)])
-    allow = cfg.security.allow_remote
-    egress, egress_ep = sockets.open_egress(ctx, expand_endpoint(cfg.egress.endpoint, cfg),
-                                            bind_socket=cfg.egress.bind, snd_hwm=cfg.egress.snd_hwm,
-                                            allow_remote=allow)
+    check_transports(cfg)
+    egr = channels.open_egress(cfg, ctx, curve=None)
     topics = [topic_for(i) for i in cfg.universe.owned_ids()] + [SERVICE_TOPIC] if cfg.ingest.topic_frame else None
-    ingest, ingest_ep = sockets.open_ingest(ctx, expand_endpoint(cfg.ingest.endpoint, cfg),
-                                            socket_type=cfg.ingest.socket_type, bind_socket=cfg.ingest.bind,
-                                            topics=topics, rcv_hwm=cfg.ingest.rcv_hwm,
-                                            max_msg_size=cfg.ingest.max_msg_size_bytes, allow_remote=allow)
-    svc = NullService(cfg, ingest, egress, mode=args.egress, delay_us=args.delay_us)
+    ing = channels.open_ingest(cfg, ctx, topics=topics, curve=None)
+    ingest, ingest_ep, egress, egress_ep = ing.sock, ing.address, egr.sock, egr.address
+    cls = ShmNullService if ing.shm or egr.shm else NullService
+    if ing.shm != egr.shm:
+        raise UserError("the null service needs ingest.transport and egress.transport to be the same")
+    svc = cls(cfg, ingest, egress, mode=args.egress, delay_us=args.delay_us)
     finish_warmup(report, strict=cfg.cpu.strict)
     for line in report.log_block().splitlines():
         _log(line)
@@ -326,8 +364,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.run_dir:
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.run_dir) / "service.json").write_text(json.dumps(summary, indent=2))
-    ingest.close(0)
-    egress.close()  # linger: the final answers and Status go out first
+    ingest.close() if ing.shm else ingest.close(0)
+    egress.close()  # zmq linger: the final answers and Status go out first
     ctx.term()
     return 0 if acc["pending"] == 0 else 1
 

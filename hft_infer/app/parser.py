@@ -19,10 +19,25 @@ def add_config_args(p: argparse.ArgumentParser, *, required: bool = False, help_
                    help="override one config value (TOML syntax; repeatable), e.g. --set scheduler.policy=window")
 
 
+class _TransportAction(argparse.Action):
+    """`--transport T`: the same as `--set ingest.transport=T --set egress.transport=T`."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        overrides = list(getattr(namespace, "overrides", None) or [])
+        namespace.overrides = overrides + [f"ingest.transport={values}", f"egress.transport={values}"]
+
+
+def add_transport_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transport", choices=("zmq", "iceoryx2"), action=_TransportAction, default=None,
+                   help="feed and decisions over ZeroMQ or iceoryx2 shared memory (the shm extra); the same as "
+                        "--set ingest.transport=T --set egress.transport=T (default: the config's)")
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Run the inference service: ingest, schedule, step, publish. On SIGTERM/SIGINT it "
                      "drains, prints the latency table and exits 0.")
     add_config_args(p)
+    add_transport_argument(p)
     p.add_argument("--shard", metavar="I/N", help="serve only shard I of N (instrument position %% N == I)")
     p.add_argument("--run-dir", metavar="DIR", help="where to write summary JSON and histograms")
     p.add_argument("--no-control", action="store_true", help="do not start the control process (dashboard)")
@@ -31,6 +46,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_harness_arguments(p: argparse.ArgumentParser) -> None:
     """The load generator's options, shared by bench and replay."""
+    add_transport_argument(p)
     p.add_argument("--pacer", choices=("auto", "spin", "sleep"), default="auto",
                    help="spin: hit send times by spinning on a core of its own (accurate); sleep: sleep through "
                         "every wait (for machines with too few cores to give the service, the pacer, the "
@@ -126,8 +142,9 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser, help_text="config whose ingest.endpoint is recorded when --endpoint is not given "
                                       "(default: the embedded default)")
     parser.add_argument("--endpoint", metavar="E",
-                        help="feed to record, e.g. ipc:///run/hft-infer/hft-infer-md.sock or tcp://127.0.0.1:5555 "
-                             "(default: the config's ingest.endpoint)")
+                        help="feed to record, e.g. ipc:///run/hft-infer/hft-infer-md.sock, tcp://127.0.0.1:5555 or "
+                             "iceoryx2:SERVICE (default: the config's ingest.endpoint, or ingest.shm_service)")
+    add_transport_argument(parser)
     parser.add_argument("--out", required=True, metavar="FILE", help="capture file to write")
     parser.add_argument("--duration", type=float, default=None, metavar="S",
                         help="stop after S seconds (default: until SIGINT/SIGTERM or --count)")

@@ -12,11 +12,13 @@ import argparse
 import os
 import sys
 
-from hft_infer.config import expand_endpoint, load_config
+from hft_infer.channels import check_transports, feed_address
+from hft_infer.config import load_config
 from hft_infer.errors import UserError
 from hft_infer.replay import capture as cap
 from hft_infer.replay.recorder import record
 from hft_infer.transport.codec import topic_for
+from hft_infer.transport.shm import EXTRA, available, service_of
 from hft_infer.transport.sockets import ensure_bindable, is_local_endpoint, parse_endpoint
 
 
@@ -32,10 +34,17 @@ def main(args: argparse.Namespace) -> int:
     if not args.warn_silent_after >= 0:
         raise UserError(f"--warn-silent-after must be >= 0, got {args.warn_silent_after}")
     cfg = load_config(args.config, args.overrides)
-    service_feed = expand_endpoint(cfg.ingest.endpoint, cfg)
+    check_transports(cfg)
+    service_feed = feed_address(cfg)
     endpoint = args.endpoint or service_feed
-    parse_endpoint(endpoint, bind=args.bind)
-    if not args.allow_remote and not is_local_endpoint(endpoint):
+    shm = service_of(endpoint) is not None  # iceoryx2:SERVICE (transport/shm.py): host-local, nothing to bind
+    if shm and (args.bind or args.socket_type != "sub" or args.instrument):
+        raise UserError("--bind, --socket-type pull and --instrument are ZeroMQ options: not for an iceoryx2 feed")
+    if shm and not available():
+        raise UserError(f"recording {endpoint} needs the iceoryx2 package: {EXTRA}")
+    if not shm:
+        parse_endpoint(endpoint, bind=args.bind)
+    if not shm and not args.allow_remote and not is_local_endpoint(endpoint):
         raise UserError(f"refusing non-loopback endpoint {endpoint!r}: pass --allow-remote to record it "
                         "without CURVE")
     if args.instrument and args.socket_type != "sub":
@@ -73,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
                      socket_type=args.socket_type, bind=args.bind, allow_remote=args.allow_remote,
                      topic_frame=not args.no_topic_frame, fsync=args.fsync, overwrite=args.force,
                      append=args.append, on_ready=ready, on_silence=silent if args.warn_silent_after else None,
-                     silence_s=args.warn_silent_after, **kw)
+                     silence_s=args.warn_silent_after, shm_buffer=cfg.ingest.shm_buffer, **kw)
     except (cap.CaptureError, FileExistsError) as e:
         raise UserError(str(e)) from None
     # Read the count back from the file itself: what a reader will see.

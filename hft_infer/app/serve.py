@@ -35,6 +35,7 @@ from hft_infer.affinity import (
     finish_warmup,
     plan_placement,
 )
+from hft_infer.channels import check_transports
 from hft_infer.config import Config, ConfigError, load_config, to_toml_dict
 from hft_infer.control.process import (
     start_control_process,
@@ -83,8 +84,10 @@ def preflight(cfg: Config) -> list[str]:
     endpoint's syntax (ConfigError naming the field), and that each endpoint to bind is free
     (EndpointError). Returns the policy's warnings."""
     warnings = check_security(cfg)
+    check_transports(cfg)
+    shm_sides = {f"{side}.endpoint" for side in ("ingest", "egress") if getattr(cfg, side).transport != "zmq"}
     for name, endpoint, binds in config_endpoints(cfg):
-        if binds:
+        if binds and name not in shm_sides:  # an iceoryx2 side binds nothing
             try:
                 ensure_bindable(endpoint)
             except EndpointError as e:

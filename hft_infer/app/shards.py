@@ -102,6 +102,9 @@ def check_shard_count(n: int, cfg: Config, feed_instruments: int) -> None:
     ids = cfg.universe.all_ids()
     if n < 1:
         raise UserError(f"--shards must be >= 1 (got {n})")
+    if "iceoryx2" in (cfg.ingest.transport, cfg.egress.transport):
+        raise UserError("--shards splits one feed between the shards by topic, and iceoryx2 has no topics: "
+                        "use the zmq transport (or one iceoryx2 feed per `serve --shard` instance)")
     if cfg.universe.shard_count != 1:
         raise UserError(f"--shards splits the whole universe itself: the config already names shard "
                         f"{cfg.universe.shard_index}/{cfg.universe.shard_count} (universe.shard_count = 1 needed)")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from hft_infer.config import expand_endpoint, load_config
+from hft_infer.config import expand_endpoint, expand_shm_service, load_config
 from hft_infer.transport.curve import load_client_keys, load_server_keys
 from hft_infer.transport.sockets import CurveClient, CurveServer
 
@@ -40,6 +40,14 @@ class ServiceEndpoints:
     """`egress.mode`: DecisionBatch frames, or one Decision frame per answer on its instrument's topic."""
     allow_remote: bool
     """`security.allow_remote`: non-loopback endpoints without CURVE are allowed."""
+    feed_transport: Literal["zmq", "iceoryx2"] = "zmq"
+    """`ingest.transport`; with iceoryx2, `feed` is the service name `ingest.shm_service`."""
+    feed_shm_buffer: int = 4096
+    """`ingest.shm_buffer`."""
+    decisions_transport: Literal["zmq", "iceoryx2"] = "zmq"
+    """`egress.transport`; with iceoryx2, `decisions` is the service name `egress.shm_service`."""
+    decisions_shm_buffer: int = 4096
+    """`egress.shm_buffer`."""
 
 
 def service_endpoints(config: str | None = None, overrides: Sequence[str] = ()) -> ServiceEndpoints:
@@ -50,15 +58,22 @@ def service_endpoints(config: str | None = None, overrides: Sequence[str] = ()) 
     resolves in this process's environment (`$HFT_INFER_RUNTIME_DIR`, ...), which
     must therefore match the service's."""
     cfg = load_config(config, list(overrides))
+    ic, ec = cfg.ingest, cfg.egress
     return ServiceEndpoints(
-        feed=expand_endpoint(cfg.ingest.endpoint, cfg),
+        feed=(expand_shm_service(ic.shm_service, cfg) if ic.transport == "iceoryx2"
+              else expand_endpoint(ic.endpoint, cfg)),
         feed_bind=not cfg.ingest.bind,
         feed_socket_type="pub" if cfg.ingest.socket_type == "sub" else "push",
         feed_topic_frame=cfg.ingest.topic_frame,
-        decisions=expand_endpoint(cfg.egress.endpoint, cfg),
+        decisions=(expand_shm_service(ec.shm_service, cfg) if ec.transport == "iceoryx2"
+                   else expand_endpoint(ec.endpoint, cfg)),
         decisions_topic_frame=cfg.egress.topic_frame,
         egress_mode=cfg.egress.mode,
         allow_remote=cfg.security.allow_remote,
+        feed_transport=ic.transport,
+        feed_shm_buffer=ic.shm_buffer,
+        decisions_transport=ec.transport,
+        decisions_shm_buffer=ec.shm_buffer,
     )
 
 

@@ -30,6 +30,7 @@ from hft_infer.transport.schema import (
     Reset,
     Trade,
 )
+from hft_infer.transport.shm import ShmPublisher
 from hft_infer.transport.sockets import CurveServer, open_egress, open_publisher
 
 _MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)  # ints: an enum flag costs an enum object per send
@@ -76,9 +77,17 @@ class FeedPublisher:
                  topic_frame: bool = True, snd_hwm: int = 100_000, linger_ms: int = 2000,
                  allow_remote: bool = False, curve_secret: KeyPath | None = None,
                  curve_server_public: KeyPath | None = None, curve_authorized_dir: KeyPath | None = None,
-                 source: str = "hft_infer.client", ctx: zmq.Context | None = None) -> None:
+                 source: str = "hft_infer.client", ctx: zmq.Context | None = None,
+                 transport: Literal["zmq", "iceoryx2"] = "zmq", shm_buffer: int = 4096,
+                 max_frame_bytes: int = 4096) -> None:
         if socket_type not in ("pub", "push"):
             raise ValueError(f"socket_type must be 'pub' or 'push', not {socket_type!r}")
+        if transport not in ("zmq", "iceoryx2"):
+            raise ValueError(f"transport must be 'zmq' or 'iceoryx2', not {transport!r}")
+        self.shm = transport == "iceoryx2"
+        if self.shm:
+            self._init_shm(endpoint, shm_buffer, max_frame_bytes, source)
+            return
         curve = curve_keys(curve_secret, curve_server_public)
         if isinstance(curve, CurveServer) and curve_authorized_dir is None:
             raise ValueError("a CURVE server (curve_secret without curve_server_public) needs curve_authorized_dir: "
@@ -117,13 +126,33 @@ class FeedPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self._buf = bytearray(512)
 
+    def _init_shm(self, service: str, buffer: int, max_frame_bytes: int, source: str) -> None:
+        """Over iceoryx2 (transport/shm.py): `endpoint` is the service name (`ingest.shm_service`);
+        a frame that the service's full buffer cannot take is discarded, counted in `dropped`
+        and takes no sequence number, as a full ZeroMQ pipe. No topic frames."""
+        self._own_ctx, self.ctx, self._auth = False, None, None
+        self._sock = ShmPublisher(service, buffer=buffer, max_frame_bytes=max_frame_bytes, block=False,
+                                  role="feed-publisher")
+        self.endpoint = service
+        self.socket_type = "pub"
+        self.topic_frame = False
+        self.source = source
+        self.sent = 0
+        self.dropped = 0
+        self._seq = {}
+        self._topics = {}
+        self._subs = {}
+        self._encoder = msgspec.msgpack.Encoder()
+        self._buf = bytearray(512)
+        self._send = self._send_shm
+
     @classmethod
     def for_service(cls, config: str | None = None, overrides: Sequence[str] = (), **kwargs) -> FeedPublisher:
         """A publisher for the service that `hft-infer serve -c CONFIG --set ...` runs: its feed
         endpoint, which side binds, PUB or PUSH, topic framing. `kwargs` go to the constructor."""
         ep = service_endpoints(config, overrides)
         opts = dict(bind=ep.feed_bind, socket_type=ep.feed_socket_type, topic_frame=ep.feed_topic_frame,
-                    allow_remote=ep.allow_remote)
+                    allow_remote=ep.allow_remote, transport=ep.feed_transport, shm_buffer=ep.feed_shm_buffer)
         return cls(ep.feed, **{**opts, **kwargs})
 
     # ------------------------------------------------------------------ events
@@ -275,6 +304,12 @@ class FeedPublisher:
         return dict(self._subs)
 
     def _read_subscriptions(self, timeout_s: float) -> None:
+        if self.shm:  # iceoryx2: the service's subscriber count (every subscriber takes every frame)
+            if timeout_s > 0:
+                time.sleep(min(timeout_s, 0.01))
+            n = self._sock.subscribers()
+            self._subs = {b"": n} if n else {}
+            return
         if self.socket_type != "pub":
             return
         sock = self._sock
@@ -315,6 +350,13 @@ class FeedPublisher:
         self.sent += 1
         return True
 
+    def _send_shm(self, topic: bytes, msg) -> bool:
+        if self._sock.send(self._encoder.encode(msg)):  # the frame bytes, unchanged (no topic frame)
+            self.sent += 1
+            return True
+        self.dropped += 1
+        return False
+
     # ------------------------------------------------------------------ life cycle
 
     def close(self, linger_ms: int | None = None) -> None:
@@ -322,10 +364,12 @@ class FeedPublisher:
         leave), stop the CURVE authenticator and, if this publisher made it, the context."""
         sock = getattr(self, "_sock", None)
         if sock is not None and not sock.closed:
-            sock.close(linger_ms)
+            sock.close() if self.shm else sock.close(linger_ms)
         self._close_rest()
 
     def _close_rest(self) -> None:
+        if self.shm:
+            return
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

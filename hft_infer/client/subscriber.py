@@ -28,10 +28,12 @@ import zmq
 from hft_infer.client.endpoints import KeyPath, curve_keys, service_endpoints
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, EgressDecoder, decisions_of_batch, topic_for
 from hft_infer.transport.schema import Decision, DecisionBatch, Status
+from hft_infer.transport.shm import ShmSubscriber
 from hft_infer.transport.sockets import CurveServer, open_subscriber
 
 log = logging.getLogger("hft_infer.client")
 
+SHM_TICK_S = 50e-6  # blocking reads over iceoryx2 look this often (no FD to sleep on)
 _EVENTS, _POLLIN, _RCVMORE, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE), int(zmq.NOBLOCK)
 # Counters of one run only go up; one that goes back means a new run (a restarted service).
 _MONOTONIC = ("received", "decided", "shed", "conflated", "rejected", "egress_dropped", "seq_gaps", "resets",
@@ -123,21 +125,31 @@ class DecisionSubscriber:
     def __init__(self, endpoint: str, *, instruments: Iterable[int] | None = None, topic_frame: bool = True,
                  on_batch: Literal["raise", "filter"] = "raise", rcv_hwm: int = 0, allow_remote: bool = False,
                  curve_secret: KeyPath | None = None, curve_server_public: KeyPath | None = None,
-                 ctx: zmq.Context | None = None) -> None:
+                 ctx: zmq.Context | None = None, transport: Literal["zmq", "iceoryx2"] = "zmq",
+                 shm_buffer: int = 4096) -> None:
         if on_batch not in ("raise", "filter"):
             raise ValueError(f"on_batch must be 'raise' or 'filter', not {on_batch!r}")
+        if transport not in ("zmq", "iceoryx2"):
+            raise ValueError(f"transport must be 'zmq' or 'iceoryx2', not {transport!r}")
+        self.shm = transport == "iceoryx2"
+        if self.shm:
+            topic_frame = False  # a service's iceoryx2 stream has no topic frames: filtered after decoding
         wanted = None if instruments is None else frozenset(int(i) for i in instruments)
-        if wanted is not None and not topic_frame:
+        if wanted is not None and not topic_frame and not self.shm:
             raise ValueError("an instrument filter needs topic frames (egress.topic_frame = true)")
         curve = curve_keys(curve_secret, curve_server_public)
         if isinstance(curve, CurveServer):
             raise ValueError("a subscriber is a CURVE client: give curve_server_public (the service's NAME.key)")
         topics = None if wanted is None else [topic_for(i) for i in sorted(wanted)] + [BATCH_TOPIC, SERVICE_TOPIC]
-        self._own_ctx = ctx is None
-        self.ctx = ctx if ctx is not None else zmq.Context()
+        self._own_ctx = ctx is None and not self.shm
+        self.ctx = ctx if ctx is not None or self.shm else zmq.Context()
         try:
-            self._sock = open_subscriber(self.ctx, endpoint, topics=topics, rcv_hwm=rcv_hwm,
-                                         allow_remote=allow_remote, curve=curve)
+            if self.shm:  # endpoint: the egress.shm_service name (transport/shm.py)
+                self._sock = ShmSubscriber(endpoint, buffer=shm_buffer, role="decision-subscriber")
+                self._read = self._read_shm
+            else:
+                self._sock = open_subscriber(self.ctx, endpoint, topics=topics, rcv_hwm=rcv_hwm,
+                                             allow_remote=allow_remote, curve=curve)
         except BaseException:
             if self._own_ctx:
                 self.ctx.term()
@@ -161,7 +173,8 @@ class DecisionSubscriber:
         if kwargs.get("instruments") is not None and ep.egress_mode == "batch" and \
                 kwargs.get("on_batch", "raise") == "raise":
             raise EgressModeError(_batch_message(ep.decisions))
-        opts = dict(topic_frame=ep.decisions_topic_frame, allow_remote=ep.allow_remote)
+        opts = dict(topic_frame=ep.decisions_topic_frame, allow_remote=ep.allow_remote,
+                    transport=ep.decisions_transport, shm_buffer=ep.decisions_shm_buffer)
         return cls(ep.decisions, **{**opts, **kwargs})
 
     # ------------------------------------------------------------------ blocking
@@ -179,7 +192,7 @@ class DecisionSubscriber:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if self._sock.poll(left_ms) and self._read(1024):
+            if self._wait_input(left_ms) and self._read(1024):
                 return self._items.popleft()
             if deadline is not None and time.monotonic() >= deadline:
                 return None
@@ -201,7 +214,7 @@ class DecisionSubscriber:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(self._no_status(timeout_s))
-            self._sock.poll(max(1, int(left * 1000)))
+            self._wait_input(max(1, int(left * 1000)))
         return status
 
     def _take_status(self) -> ServiceStatus | None:
@@ -252,7 +265,24 @@ class DecisionSubscriber:
     def __aiter__(self) -> AsyncIterator[Item]:
         return self.aiter()
 
+    def _wait_input(self, timeout_ms: int | None) -> bool:
+        """Until input may be waiting or `timeout_ms` passed (None: forever)."""
+        if not self.shm:
+            return bool(self._sock.poll(timeout_ms))
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        has = self._sock.has_samples
+        while not has():  # iceoryx2 has no FD to block on: look every SHM_TICK_S
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(SHM_TICK_S)
+        return True
+
     async def _readable(self, loop: asyncio.AbstractEventLoop, timeout_s: float | None) -> None:
+        if self.shm:
+            deadline = None if timeout_s is None else loop.time() + timeout_s
+            while not self._sock.has_samples() and (deadline is None or loop.time() < deadline):
+                await asyncio.sleep(SHM_TICK_S)
+            return
         # ZMQ_FD is edge-triggered: it signals that the socket's state may have changed, and
         # reading ZMQ_EVENTS is what re-arms it. The reader callback therefore reads EVENTS
         # itself (so the loop does not call it again and again while we are not scheduled),
@@ -311,6 +341,26 @@ class DecisionSubscriber:
                 msg = self._decode(payload)
             except msgspec.DecodeError as e:  # ValidationError is a subclass
                 self._malformed(f"not a Decision, DecisionBatch or Status: {e}")
+                continue
+            self._accept(msg)
+        return len(self._items) - before
+
+    def _read_shm(self, limit: int) -> int:
+        """`_read` over iceoryx2: one sample is one whole message; an instrument filter applies here."""
+        before = len(self._items)
+        recv, decode = self._sock.recv, self._decode
+        wanted = self.instruments
+        for _ in range(limit):
+            payload = recv()
+            if payload is None:
+                break
+            self.stats.frames += 1
+            try:
+                msg = decode(payload)
+            except msgspec.DecodeError as e:
+                self._malformed(f"not a Decision, DecisionBatch or Status: {e}")
+                continue
+            if wanted is not None and type(msg) is Decision and msg.instrument not in wanted:
                 continue
             self._accept(msg)
         return len(self._items) - before
@@ -374,7 +424,7 @@ class DecisionSubscriber:
     def close(self) -> None:
         """Close the socket (and the context, if this subscriber made it)."""
         if not self._sock.closed:
-            self._sock.close(0)
+            self._sock.close() if self.shm else self._sock.close(0)
         if self._own_ctx and not self.ctx.closed:
             self.ctx.term()
 
