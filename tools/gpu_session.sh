@@ -256,14 +256,17 @@ elif [ "$phase" = final ]; then
   # min): every GPU test to the end, the end-to-end headline at 10k and 100k beside its floor,
   # the shared-memory transport, shards below one shard's capacity, the goodput curve
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
-  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
-  [ -f tools/bench_shm.sh ] && step shm 60 env BUDGET_S=55 bash tools/bench_shm.sh "$WORK/shm"
-  [ -f tools/bench_shards.sh ] && step shards 100 env BUDGET_S=92 RATE_PER_SHARD="${RATE_PER_SHARD:-20000}" \
+  # the persistent engine is refused by its self-check on this host (WRONG RESULTS): floor and auto
+  [ -f tools/bench_shm.sh ] && step shm 90 env BUDGET_S=85 RUNS="floor auto" ORDER="floor:iceoryx2:10000 \
+       floor:zmq:10000 auto:iceoryx2:10000 auto:zmq:10000 floor:iceoryx2:100000 auto:iceoryx2:100000 \
+       floor:zmq:100000 auto:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"
+  [ -f tools/bench_shards.sh ] && step shards 90 env BUDGET_S=84 RATE_PER_SHARD="${RATE_PER_SHARD:-20000}" \
        bash tools/bench_shards.sh "$WORK/shards"
-  step overload 110 $PY tools/bench_overload.py --rates 20000,50000,100000,200000 --duration 2 \
+  step overload 100 $PY tools/bench_overload.py --rates 20000,50000,100000,200000 --duration 2 \
        --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
   summarize
   for name in gpu_tests overload shards shm; do  # their own tables, verbatim
