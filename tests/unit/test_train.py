@@ -13,16 +13,21 @@ import torch
 from hft_infer.app.cli import main as cli_main
 from hft_infer.app.train_cmd import DEFAULT_COMMAND
 from hft_infer.models.checkpoint import builtin_path, load_model, read_header
+from hft_infer.models.training import cpu_model
 
 
 def test_the_shipped_default_is_what_the_training_command_writes(tmp_path):
-    """CI's configuration (CPU torch 2.13.0; the command fixes its own thread count) reproduces the
-    shipped file byte for byte: weights, normalisation and header (recipe, data, held-out metrics)."""
+    """CI's configuration (CPU torch 2.13.0, the CPU model the header names; the command fixes its
+    own thread count) reproduces the shipped file byte for byte: weights, normalisation and header
+    (recipe, data, held-out metrics)."""
     shipped = builtin_path("default")
     header = read_header(shipped)
     if header.extra["torch"] != str(torch.__version__):
         pytest.skip(f"the default was trained with torch {header.extra['torch']}, this is {torch.__version__}: "
                     "float results may differ between torch versions")
+    if header.extra.get("cpu") != cpu_model():
+        pytest.skip(f"the default was trained on {header.extra.get('cpu', 'another CPU')}, this is {cpu_model()}: "
+                    "float results differ between CPUs (this CPU: test_training_is_deterministic_and_follows_its_seed)")
     out = tmp_path / "default.safetensors"
     assert cli_main(["train", *DEFAULT_COMMAND, "--quiet", "--out", str(out)]) == 0
     if out.read_bytes() != shipped.read_bytes():
