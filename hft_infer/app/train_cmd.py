@@ -121,10 +121,14 @@ def _progress(quiet: bool):
 
 
 def heldout_metrics(model, events: np.ndarray, recipe) -> dict:
+    """Held-out metrics for the checkpoint header, under the recipe's threads (its floats are in
+    the file: the same bytes whatever the caller's thread count)."""
     from hft_infer.models.evaluation import evaluate
+    from hft_infer.models.training import recipe_threads
 
-    return evaluate(model, events, horizon=recipe.horizon_events, dead_zone_ticks=recipe.dead_zone_ticks,
-                    tick=recipe.tick)
+    with recipe_threads(recipe):
+        return evaluate(model, events, horizon=recipe.horizon_events, dead_zone_ticks=recipe.dead_zone_ticks,
+                        tick=recipe.tick)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ run-dependent (times, host names) goes into the returned info.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from typing import Annotated, Callable
 
@@ -86,20 +87,30 @@ def split_by_time(events: np.ndarray, heldout_fraction: float) -> tuple[np.ndarr
     return events[:cut], events[cut:]
 
 
-def train(events: np.ndarray, spec: ModelSpec, recipe: Recipe, progress: Progress | None = None
-          ) -> WindowModel:
-    """A model of `spec` trained on the table's labelled windows (eval mode on return)."""
+@contextlib.contextmanager
+def recipe_threads(recipe: Recipe):
+    """The recipe's torch threads and deterministic algorithms inside; the caller's threads,
+    determinism setting and global RNG as they were after. Everything whose floats go into a
+    checkpoint runs inside (training and the held-out metrics of its header): CPU reductions
+    depend on the thread count, and a caller's may be anything (a test process, the service's)."""
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     rng = torch.random.get_rng_state()
     torch.set_num_threads(recipe.threads)
     torch.use_deterministic_algorithms(True)
     try:
-        return _train(events, spec, recipe, progress)
-    finally:  # the caller's threads, determinism setting and global RNG as they were
+        yield
+    finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
         torch.random.set_rng_state(rng)
+
+
+def train(events: np.ndarray, spec: ModelSpec, recipe: Recipe, progress: Progress | None = None
+          ) -> WindowModel:
+    """A model of `spec` trained on the table's labelled windows (eval mode on return)."""
+    with recipe_threads(recipe):
+        return _train(events, spec, recipe, progress)
 
 
 def _train(events: np.ndarray, spec: ModelSpec, recipe: Recipe, progress: Progress | None) -> WindowModel:

@@ -308,6 +308,11 @@ GPU_CASES = {  # name: (preset, family, precision)
     "mlp_small-fp32": ("mlp_small", "mlp", "fp32"),
     "mlp_small-bf16": ("mlp_small", "mlp", "bf16"),
 }
+# Cases that diverge from the references on the H200 host (issue 13: the persistent kernels'
+# results go wrong on some requests; the service's self-check refuses them there): measured at
+# db6427a (docs/bench/h200-db6427a/gpu_tests.log). Their failure makes the test XFAIL with the
+# details; any other case failing fails it.
+KNOWN_DIVERGENT = {"lstm_b-window-fp32", "mlp_small-fp32", "mlp_small-bf16"}
 
 
 def _gpu_child(name: str) -> None:
@@ -374,7 +379,7 @@ def test_persistent_presets_on_gpu():
     here = os.path.abspath(__file__)
     procs = {n: subprocess.Popen([sys.executable, here, n], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, cwd=os.path.dirname(here)) for n in GPU_CASES}
-    failures = []
+    failures, known = [], []
     for n, p in procs.items():
         try:
             out, err = p.communicate(timeout=200)
@@ -385,8 +390,11 @@ def test_persistent_presets_on_gpu():
             continue
         print(out.strip())
         if p.returncode != 0:
-            failures.append(f"{n}: exit {p.returncode}\n{out[-1500:]}\n{err[-4000:]}")
+            (known if n in KNOWN_DIVERGENT else failures).append(f"{n}: exit {p.returncode}\n{out[-1500:]}\n"
+                                                                 f"{err[-4000:]}")
     assert not failures, "\n\n".join(failures)
+    if known:
+        pytest.xfail("known divergent persistent kernels (issue 13):\n\n" + "\n\n".join(known))
 
 
 if __name__ == "__main__":
