@@ -17,7 +17,8 @@ takes positions as it accepts events and writes a chunk's rows afterwards
 a chunk, cheaper than a copy each from about 16 rows).
 
 The ring memory is allocated by torch so that the same buffer can be pinned
-for a GPU engine (and read in place by its kernels through the UVA mapping);
+for a GPU engine (read in place by the persistent kernels through the UVA mapping; the
+graph engine gathers from it into its staging buffer, runner/staging.py);
 the CPU engine reads it through views of the same storage.
 
 Depth: rows stay in the ring until every request that may read them is done

@@ -98,8 +98,9 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
          sequential: bool, conflate: bool) -> Runtime:
     """Engine `auto`: graph where it works, else eager on the CPU. Each candidate is built,
     warmed up and self-checked here, so a failure falls through to the next. The GPU
-    kernels read rows straight from the pinned host feature ring: the MLP, which reads its
-    whole window from it, is stateless on the device and may conflate as on the CPU."""
+    engines take rows from the pinned host feature ring (the graph engine gathers them into
+    its staging at submit): the MLP, which reads its whole window at each step, is stateless
+    on the device and may conflate as on the CPU."""
     from hft_infer.runner.base import EngineFailure
     from hft_infer.runner.gpu import GraphEngine, KernelStep, PersistentEngine
     from hft_infer.runner.self_check import too_slow
