@@ -5,6 +5,7 @@
 #   tools/gpu_session.sh kernels   # kernel and engine benchmarks
 #   tools/gpu_session.sh land      # the landing set: GPU tests, e2e with floor, goodput, engines, ...
 #   tools/gpu_session.sh final     # a landing commit's re-check after `land` ran on its engines
+#   tools/gpu_session.sh diag      # tools/diag_persistent.py (persistent and graph), diag_graph_inputs.py
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -273,6 +274,14 @@ elif [ "$phase" = final ]; then
     [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
   done
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
+elif [ "$phase" = diag ]; then
+  # the diagnostics prepared for the persistent engines' wrong results and the graph engine's time
+  step diag_persistent 150 $PY tools/diag_persistent.py --engine persistent
+  step diag_persistent_graph 90 $PY tools/diag_persistent.py --engine graph
+  step diag_graph_inputs 90 $PY tools/diag_graph_inputs.py
+  for name in diag_persistent diag_persistent_graph diag_graph_inputs; do
+    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log"; echo '```'; } >> "$OUT/summary.md"
+  done
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
