@@ -435,7 +435,8 @@ def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Ten
     """rows float32 [n, F] staged, or ring_h float32 [n_slots, RH, F] (rows=None): each entry's
     new row read at ring_h[slot, position mod RH], e.g. the pinned host feature ring through
     its UVA mapping. slots, positions and out may be pinned host tensors too (loads from host
-    memory are volatile), so that a CUDA graph of this step is one kernel node."""
+    memory are volatile; slow on the H200 host, where the graph engine stages its inputs on the
+    device instead: runner/staging.py)."""
     n = slots.shape[0]
     states = h.shape[2] if window else 1
     src = ring_h if ring_h is not None else rows

@@ -64,8 +64,9 @@ def lstm_window_step(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torc
 
     ring_h (rows=None): read each entry's new row at ring_h[slot, position mod RH] instead,
     e.g. the pinned host feature ring [n_slots + 1, depth, F] through its UVA mapping; slots,
-    positions and out may be pinned host tensors as well, so a CUDA graph of the step is one
-    kernel node with no copy nodes.
+    positions and out may be pinned host tensors as well (volatile loads). The graph engine
+    does not read host memory this way: ~one PCIe read at a time on the H200 host, it stages
+    the rows instead (runner/staging.py).
 
     persistent=True: one launch, grid barrier between layers (needs all its programs
     resident at once: see alloc_lstm_workspace). False: L+1 launches. block_m: rows

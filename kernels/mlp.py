@@ -336,7 +336,7 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
     [n_slots] on the device. With `rows` (float32 [n, F], the step's new rows at
     `positions`) the kernel also writes them into the ring; without, the ring must already
     hold them: the ring may be the pinned host feature ring itself (UVA), with slots, positions
-    and out pinned too, so that a CUDA graph of the step is one kernel node with no copies.
+    and out pinned too (volatile loads; the graph engine uses `dense` instead, below).
     dense: `ring` holds the batch's gathered windows [n, W, F] instead (entry b's oldest row first,
     zero rows before the instrument's first): the graph engine stages them on the device
     (runner/staging.py) so that the step reads no host memory; slots then index only held.

@@ -102,6 +102,13 @@ bench() {  # bench NAME TIMEOUT ARGS...: hft-infer bench with its JSON and run d
   step "$name" "$t" $PY -m hft_infer bench "$@" --quiet --json "$WORK/$name.json" --run-dir "$WORK/runs/$name"
 }
 
+verbatim() {  # verbatim NAME...: each step's own table (its log past the provenance) into summary.md
+  local name
+  for name in "$@"; do
+    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
+  done
+}
+
 summarize() {
   log "summary"
   $PY - "$WORK" "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/session.log"
@@ -248,9 +255,7 @@ elif [ "$phase" = land ]; then
   [ -f tools/bench_shm.sh ] && step shm 60 env BUDGET_S=55 bash tools/bench_shm.sh "$WORK/shm"
   step pingpong 20 $PY tools/bench_pingpong.py --n 20000 --json "$WORK/pingpong.json"
   summarize
-  for name in gpu_tests overload bench_engines shards hotpath shm; do  # their own tables, verbatim
-    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
-  done
+  verbatim gpu_tests overload bench_engines shards hotpath shm
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
 elif [ "$phase" = final ]; then
   # what a landing commit re-measures when `land` already ran on its engines (one call, ~9.5
@@ -270,18 +275,14 @@ elif [ "$phase" = final ]; then
   step overload 100 $PY tools/bench_overload.py --rates 20000,50000,100000,200000 --duration 2 \
        --overload 3,10 --overload-duration 3 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
   summarize
-  for name in gpu_tests overload shards shm; do  # their own tables, verbatim
-    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log" | tail -n 60; echo '```'; } >> "$OUT/summary.md"
-  done
+  verbatim gpu_tests overload shards shm
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
 elif [ "$phase" = diag ]; then
   # the diagnostics prepared for the persistent engines' wrong results and the graph engine's time
   step diag_persistent 150 $PY tools/diag_persistent.py --engine persistent
   step diag_persistent_graph 90 $PY tools/diag_persistent.py --engine graph
   step diag_graph_inputs 90 $PY tools/diag_graph_inputs.py
-  for name in diag_persistent diag_persistent_graph diag_graph_inputs; do
-    [ -f "$WORK/$name.log" ] && { echo; echo "## $name"; echo; echo '```'; sed -n '/^---$/,$p' "$WORK/$name.log"; echo '```'; } >> "$OUT/summary.md"
-  done
+  verbatim diag_persistent diag_persistent_graph diag_graph_inputs
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -120,12 +120,9 @@ class _Port:
     def subscribers(self) -> int:
         return self.service.dynamic_config.number_of_subscribers
 
-    def publishers(self) -> int:
-        return self.service.dynamic_config.number_of_publishers
-
 
 class ShmPublisher(_Port):
-    """send(bytes) / send_many([bytes]) -> frames delivered; never holds a loaned sample.
+    """send(bytes) -> delivered (bool); never holds a loaned sample.
 
     block=False: a frame that some subscriber had no room for is counted in `dropped` and
     `send` returns False (the others got it, as iceoryx2 delivers per subscriber); block=True:
@@ -162,10 +159,6 @@ class ShmPublisher(_Port):
             self._subs = delivered
         self.sent += 1
         return True
-
-    def send_many(self, frames) -> int:
-        send = self.send
-        return sum(1 for f in frames if send(f))
 
     def close(self) -> None:
         if not self.closed:

@@ -79,7 +79,7 @@ class StepStaging:
         if self.rows_per_entry == 1:
             idx = self._idx[:b, 0]
             np.remainder(positions, r, out=idx)
-            idx += slots * r
+            idx += np.multiply(slots, r, out=self._base[:b, 0])
             np.take(self._ring_flat, idx, axis=0, out=out[:, 0], mode="clip")
             return
         idx = np.add(positions[:, None], self._offsets, out=self._idx[:b])
