@@ -1,15 +1,15 @@
 """Persistent stacked-LSTM kernel (window mode, exact incremental; or stream mode) behind a
-`RequestRing`: no launch per step, rows read straight from the pinned host feature ring.
+`RequestRing`: no launch per step; each request's slots, positions and new rows arrive in
+the ring's device payload (copied there by DMA, kernels/persistent.py).
 
 Per request, with the phases of `lstm.py` (`_lstm_layer`, `_lstm_copy_h`, `_lstm_head`: one
 definition, shared with the launched kernel):
 
-    lead (program (0, 0)): poll the ring (HDR + express words, one PCIe read per poll);
-        copy slots/positions into device memory; read each entry's new raw row at
-        ring_h[slot, position mod depth] (one PCIe round trip) into a device row buffer;
-        publish the request (release store of the mailbox)
-    every program: layer k -> arrive at counter k -> copy layer k-1's new h (own units)
-        -> wait for counter k; k = 0..L-1   (one barrier per layer, the copy overlaps it)
+    lead (program (0, 0)): poll the device header; publish the request (release store of the
+        mailbox)
+    every program: layer k (layer 0 reads its entries' rows from the payload) -> arrive at
+        counter k -> copy layer k-1's new h (own units) -> wait for counter k; k = 0..L-1
+        (one barrier per layer, the copy overlaps it)
     lead: head + decision from the top layer's new h -> result slot (pinned) -> release done
     every program: copy the top layer's new h -> arrive at the completion counter; the lead
         waits for it before it polls for the next request (off the answer's path)
@@ -23,7 +23,7 @@ with volatile loads, and no acquire operation runs, since on sm_90 each one inva
 whole L1). Triton gives no explicit shared memory and the FMA products cannot take a whole
 [K, 4*BH] slice as a register operand (each thread would hold K x its columns: 256+
 registers for K = 128), so L1 is where "resident" lives; per request only the new rows, the
-state and the exchanged h move through L2 / PCIe.
+state and the exchanged h move through L2.
 
 State layout: the launched kernels' (h, c fp32 [n_slots, L, W, H] window mode, [n_slots, L, H]
 stream mode), so the same references check both. Grid (NB, MS) <= max_programs, all resident
@@ -49,6 +49,7 @@ from hft_infer.kernels.persistent import (
     _arrive,
     _broadcast,
     _lead_wait_request,
+    _payload,
     _release_done,
     _stamp,
     _wait_broadcast,
@@ -57,27 +58,7 @@ from hft_infer.kernels.persistent import (
 
 
 @triton.jit
-def _lead_fetch(base, n, kind, slot0, pos0, dslots_ptr, dpos_ptr, ring_h_ptr, RH, drows_ptr,
-                F: tl.constexpr, F_PAD: tl.constexpr, MAX_B: tl.constexpr, HB: tl.constexpr):
-    """Lead: slots/positions -> device arrays (entry 0 from the express words, the rest read
-    after HDR was seen) and, for a step, each entry's new raw row from the host ring."""
-    hb = tl.arange(0, HB)
-    ff = tl.arange(0, F_PAD)
-    for b0 in range(0, n, HB):
-        b = b0 + hb
-        live = b < n
-        rest = live & (b > 0)
-        s = tl.where(b == 0, slot0, tl.load(base + 4 + b, mask=rest, other=0, volatile=True))
-        p = tl.where(b == 0, pos0, tl.load(base + 4 + MAX_B + b, mask=rest, other=0, volatile=True))
-        tl.store(dslots_ptr + b, s, mask=live)
-        tl.store(dpos_ptr + b, p, mask=live)
-        m2 = (live & (kind == _STEP))[:, None] & (ff < F)[None, :]
-        src = ring_h_ptr + (s * RH + ((p % RH) + RH) % RH)[:, None] * F + ff[None, :]
-        tl.store(drows_ptr + b[:, None] * F + ff[None, :], tl.load(src, mask=m2, other=0.0, volatile=True), mask=m2)
-
-
-@triton.jit
-def _lstm_zero_slots(j, ms, n_ms, n, dslots_ptr, h_ptr, c_ptr, held_ptr, lead,
+def _lstm_zero_slots(j, ms, n_ms, n, slots_ptr, h_ptr, c_ptr, held_ptr, lead,
                      H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, BH: tl.constexpr):
     """RESET: this program's units of every layer and window of slots b = ms, ms + n_ms, ..."""
     RB: tl.constexpr = 64
@@ -85,7 +66,7 @@ def _lstm_zero_slots(j, ms, n_ms, n, dslots_ptr, h_ptr, c_ptr, held_ptr, lead,
     unit = j * BH + tl.arange(0, BH)
     umask = unit < H
     for e in range(ms, n, n_ms):
-        slot = tl.load(dslots_ptr + e, volatile=True)
+        slot = tl.load(slots_ptr + e, volatile=True)
         for r0 in range(0, L * W, RB):
             row = r0 + rr
             m2 = (row < L * W)[:, None] & umask[None, :]
@@ -96,19 +77,18 @@ def _lstm_zero_slots(j, ms, n_ms, n, dslots_ptr, h_ptr, c_ptr, held_ptr, lead,
         hb = tl.arange(0, 16)
         for b0 in range(0, n, 16):
             bb = b0 + hb
-            hs = tl.load(dslots_ptr + bb, mask=bb < n, other=0, volatile=True)
+            hs = tl.load(slots_ptr + bb, mask=bb < n, other=0, volatile=True)
             tl.store(held_ptr + hs, tl.zeros([16], dtype=tl.int32).to(held_ptr.dtype.element_ty), mask=bb < n)
 
 
-@triton.jit(do_not_specialize=["RH"])
+@triton.jit
 def _lstm_persistent_kernel(
-    req_ptr, ctrl_ptr, out_h_ptr, time_ptr, ring_h_ptr, RH,
-    drows_ptr, dslots_ptr, dpos_ptr, sync_ptr,
+    hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_h_ptr, ctrl_ptr, time_ptr, sync_ptr,
     mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, hw_ptr, hb_ptr,
     h_ptr, c_ptr, scratch_ptr, xp_ptr, thr_ptr, held_ptr,
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
-    WINDOW: tl.constexpr, REQ_W: tl.constexpr, NREQ: tl.constexpr, MAX_B: tl.constexpr,
+    WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr,
 ):
@@ -122,38 +102,37 @@ def _lstm_persistent_kernel(
     running = 1
     while running == 1:
         if lead:
-            kind, n, slot0, pos0, base = _lead_wait_request(req_ptr, ctrl_ptr, r, REQ_W, NREQ)
+            kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
             if (kind == _STEP) | (kind == _RESET):
                 _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
-                _lead_fetch(base, n, kind, slot0, pos0, dslots_ptr, dpos_ptr, ring_h_ptr, RH, drows_ptr,
-                            F, F_PAD, MAX_B, HB)
             _broadcast(sync_ptr, r, kind, n)
         else:
             kind, n = _wait_broadcast(sync_ptr, r)
+        slots_ptr, pos_ptr, rows_ptr = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
         if kind == _STEP:
             target = nprog * (nstep + 1)
             for ph in tl.static_range(0, L):
-                _lstm_layer(ph, j, ms, n_ms, n, drows_ptr, 1, dslots_ptr, dpos_ptr, mean_ptr, istd_ptr,
+                _lstm_layer(ph, j, ms, n_ms, n, rows_ptr, 1, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                             wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                             F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
                             PREC, BF16, UPCAST)
                 _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
                 if ph > 0:
                     # layer ph-1's old h is read by nobody any more (everyone passed barrier ph-1)
-                    _lstm_copy_h(ph - 1, j, ms, n_ms, n, dslots_ptr, dpos_ptr, h_ptr, scratch_ptr,
+                    _lstm_copy_h(ph - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
                                  H, W, L, BH, BLOCK_M, WINDOW, True)
                 _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
             if lead:
                 o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
-                _lstm_head(n, dslots_ptr, dpos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
+                _lstm_head(n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
                            H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, True)
                 _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)
-            _lstm_copy_h(L - 1, j, ms, n_ms, n, dslots_ptr, dpos_ptr, h_ptr, scratch_ptr,
+            _lstm_copy_h(L - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
                          H, W, L, BH, BLOCK_M, WINDOW, True)
             nstep += 1
         if kind == _RESET:
-            _lstm_zero_slots(j, ms, n_ms, n, dslots_ptr, h_ptr, c_ptr, held_ptr, lead, H, W, L, BH)
+            _lstm_zero_slots(j, ms, n_ms, n, slots_ptr, h_ptr, c_ptr, held_ptr, lead, H, W, L, BH)
         if (kind == _STEP) | (kind == _RESET):
             _arrive(sync_ptr + _LINE * _CNT_DONE)
             if lead:
@@ -170,32 +149,31 @@ def _lstm_persistent_kernel(
 class LstmPersistent(PersistentKernel):
     """Window-mode (window=W) or stream-mode (window=None) LSTM served by a persistent kernel.
 
-        ring = RequestRing(max_batch, n_requests=4)
-        eng = LstmPersistent(w, ring, ring_h, thresholds, held, window=50)
+        ring = RequestRing(max_batch, rows_per_entry=1, width=F, n_requests=4, device=dev)
+        eng = LstmPersistent(w, ring, n_slots, thresholds, held, window=50)
         eng.precompile(); eng.start()
-        ... ring.request_views(k) / ring.submit(n) / ring.done(seq) / ring.outputs(k) ...
+        ... ring.request_views(k), ring.rows(k)[:, 0] / ring.submit(n) / ring.done(seq) / ring.outputs(k) ...
         eng.stop()
 
-    ring_h: the host feature ring float32 [n_slots + 1, depth, F] (pinned on a GPU; the last
-    slot is the padding sink), rows at ring_h[slot, position mod depth]; the host must not
-    overwrite a row that an unanswered request still needs. thresholds float32 [2] and held
-    int32 [n_slots + 1] on the device; h, c (allocated here, zero) are the model state."""
+    Each entry's new raw row goes in the request's rows[b, 0]; n_slots counts the padding sink
+    (the last slot). thresholds float32 [2] and held int32 [n_slots] on the device; h, c
+    (allocated here, zero) are the model state."""
 
-    def __init__(self, w: LstmWeights, ring: RequestRing, ring_h: torch.Tensor, thresholds: torch.Tensor,
+    def __init__(self, w: LstmWeights, ring: RequestRing, n_slots: int, thresholds: torch.Tensor,
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
                  block_m: int | None = None, num_warps: int = 4, timing: bool = False) -> None:
         dev = w.wh.device
         super().__init__(ring, dev, timing=timing)
-        if ring_h.shape[-1] != w.features or ring_h.dim() != 3:
-            raise ValueError(f"ring_h {tuple(ring_h.shape)} is not [n_slots, depth, {w.features}]")
+        if ring.rows_per_entry != 1 or ring.width != w.features:
+            raise ValueError(f"the ring carries {ring.rows_per_entry} rows of {ring.width} per entry; "
+                             f"the LSTM takes 1 row of {w.features}")
         if 2 + w.layers > 15:
             raise ValueError("at most 13 layers (one sync line per phase)")
         self.w = w
-        self.ring_h, self.thresholds, self.held = ring_h, thresholds, held
+        self.thresholds, self.held = thresholds, held
         self.window_mode = window is not None
         self.states = window if window is not None else 1
         self.num_warps = num_warps
-        n_slots = ring_h.shape[0]
         max_batch = ring.max_batch
         rows = max_batch * self.states
         if max_programs is None:
@@ -218,25 +196,20 @@ class LstmPersistent(PersistentKernel):
         self.c = torch.zeros(shape, **f32)
         self.scratch = torch.zeros(w.layers * rows * w.hidden, **f32)
         self.xp = torch.zeros(self.split * w.n_blocks * max_batch * 4 * w.block_h, **f32)
-        self.drows = torch.zeros(max_batch, w.features, **f32)
-        self.dslots = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        self.dpos = torch.zeros(max_batch, dtype=torch.int64, device=dev)
 
     @property
     def programs(self) -> int:
         return self.w.n_blocks * self.split
 
     def _launch(self) -> None:
-        w, ring = self.w, self.ring
+        w = self.w
         prec, bf16 = dot_flags(w.precision)
         _lstm_persistent_kernel[(w.n_blocks, self.split)](
-            ring.req, ring.ctrl, ring.out, self.times, self.ring_h, self.ring_h.shape[1],
-            self.drows, self.dslots, self.dpos, self.sync,
+            *self.ring_args(), self.times, self.sync,
             w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
             self.h, self.c, self.scratch, self.xp, self.thresholds, self.held,
             F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh, BLOCK_K=w.block_k,
-            BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m, WINDOW=self.window_mode,
-            REQ_W=ring.req_words, NREQ=ring.n_requests, MAX_B=ring.max_batch,
+            BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m, WINDOW=self.window_mode, **self.ring_consts(),
             PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
             TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps)
 

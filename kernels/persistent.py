@@ -1,49 +1,64 @@
-"""(~460 lines: the ring's host API, its device half and the floor kernel are one protocol,
-kept in one file so that the word layout is defined once.)
+"""(~470 lines: the ring's host API, its device half and the floor kernel are one protocol,
+kept in one file so that the layout is defined once.)
 
-Host side shared by every persistent model kernel: the request ring in pinned memory,
-the kernel's life cycle (start / stop / precompile / reset), the device-side polling and
-synchronisation helpers, and the trivial floor kernel (flag in, flag out).
+Host side shared by every persistent model kernel: the request ring, the kernel's life
+cycle (start / stop / precompile / reset), the device-side polling and synchronisation
+helpers, and the trivial floor kernel (request in, answer out).
 
-Request ring (`RequestRing`), all pinned host memory, R >= 2 slots (default 4):
+Why the requests travel by DMA (measured on the H200 host, docs/notes/kernels.md): a
+kernel's reads of pinned host memory are served about one PCIe transaction at a time,
+~1 µs each, and the first persistent kernels, which read their rows from the host feature
+ring in place, both paid that per row and gave wrong results on some requests. So no
+kernel reads a request from host memory: the host fills a request slot's pinned payload,
+writes its header word, and one CUDA graph of two copy nodes moves the payload to the
+slot's device buffer and *then* the header word to the device header (the second copy
+starts after the first has completed, so a kernel that sees the header sees the
+payload). The kernel polls the device header in L2 and reads the payload from device
+memory. Its answers go the other way as plain stores into pinned memory (posted PCIe
+writes), then the done counter.
 
-    req  int64 [R, REQ_W]   slot k: HDR, E_SLOT, E_POS, -, slots[max_batch], positions[max_batch]
-    out  float32 [R, max_batch, OUT_COLS]   result slot k (score, action, 3 logits)
-    ctrl int64 [32]         ctrl[DONE] (kernel writes), ctrl[STOP] (host writes), 128 B apart
+Request ring (`RequestRing`), R >= 2 slots (default 4):
 
-Request seq s (1, 2, 3, ...) uses slot k = (s - 1) % R. The hot loop fills
-`slots[:n]` and `positions[:n]` of the slot in place (numpy views, zero copies),
-then `submit(n, kind)` writes, in this order: E_SLOT = tag | slots[0], E_POS =
-tag | positions[0] (tag = s mod 2^15 in bits 48..62, values in 48 bits, two's
-complement), HDR = s mod 2^32 | n << 32 | kind << 48. x86 keeps stores in order
-(data before flag), so a kernel that reads HDR == s sees every word written
-before it. The express words let the kernel answer a batch of one without a
-second PCIe round trip: it reads HDR, E_SLOT and E_POS in one poll and accepts
-the request only when all three carry s, since each 8-byte word is written and
-read whole, no ordering between the three reads is needed. Entries 1..n-1 are
-read after HDR was seen (a dependent round trip, only for n > 1).
+    payload   pinned host [R, PB] bytes and device [R, PB], same layout per slot k:
+              int64 slots[max_batch] | int64 positions[max_batch] | float32 rows[max_batch, G, F]
+              (G rows per entry: 1 for the LSTMs' new row, W for window readers; PB rounded
+              up to 128 bytes)
+    header    int64, slot k at word k * LINE (own 128-byte line): s mod 2^32 | n << 32 | kind << 48,
+              pinned host copy (written first) and the device copy the kernel polls
+    out       float32 pinned [R, max_batch, OUT_COLS]   result slot k (score, action, 3 logits)
+    ctrl      int64 pinned [2 * LINE]   ctrl[DONE]: requests answered (the kernel writes)
+    stop      int64 [LINE], the stop flag: pinned host copy and the device copy the lead polls
+              beside the header (raise_stop() copies it over); a pending request is served first
 
-The kernel serves requests strictly in order, writes result slot k, then
-releases ctrl[DONE] = s (atomic exchange, release, system scope). So done(s) is
-ctrl[DONE] >= s, and up to R requests may be in flight. A RESET request zeroes
-the model state of slots[:n] in order with the steps around it.
+Request seq s (1, 2, 3, ...) uses slot k = (s - 1) % R. The hot loop fills slots[:n],
+positions[:n] and rows[:n] of the slot in place (numpy views), then `submit(n, kind)`
+writes the header and replays the slot's copy graph for n's bucket (the payload copied
+is the ids of every entry and the rows of bucket(n) entries). The kernel serves requests
+strictly in order, writes result slot k, then releases ctrl[DONE] = s (atomic exchange,
+release, system scope). A RESET request zeroes the model state of slots[:n] in order with
+the steps around it.
+
+At most R - 1 requests are in flight: the kernel's programs may still read request s's
+payload (slots, positions) for a moment after s is answered, until the lead has seen
+every program finish s, which it waits for before it serves s + 1. With R - 1 in flight
+the host rewrites slot k (request s + R) only once s + 1 is answered, so never under a
+reader.
 
 Device side (`_lead_wait_request`, `_broadcast`, `_wait_broadcast`, `_arrive`,
-`_wait_count`): one lead program polls the ring with volatile loads (never
-acquire operations: on sm_90 an acquire load is `LDG.STRONG` + `CCTL.IVALL`,
-which would wipe the weights each program keeps in its L1), copies the request
-into device memory and publishes it with a release store; the other programs
-spin on that mailbox in L2. Phases meet at monotonic int64 counters (each
-program adds 1 with release semantics; waiters spin with volatile loads until
-the count reaches programs x (steps + 1)). Data other programs wrote is read
-with volatile loads (L2, issued after the counter was seen: the spin loop's exit
-depends on it and GPUs do not issue loads speculatively), so nothing stale can
-come from L1.
+`_wait_count`): one lead program polls the device header with volatile loads (never
+acquire operations: on sm_90 an acquire load is `LDG.STRONG` + `CCTL.IVALL`, which would
+wipe the weights each program keeps in its L1) and publishes the request with a release
+store; the other programs spin on that mailbox in L2. Phases meet at monotonic int64
+counters (each program adds 1 with release semantics; waiters spin with volatile loads
+until the count reaches programs x (steps + 1)). Data other programs or the copy engine
+wrote is read with volatile loads (L2, issued after the flag was seen: the spin loop's exit
+depends on it and GPUs do not issue loads speculatively), so nothing stale can come from L1.
 
-Platform: data-before-flag relies on x86-64 store order (TSO); `persistent_supported()`
-refuses any other host. Nothing may synchronise the whole device while a persistent
-kernel spins (torch.cuda.synchronize() would wait forever): compile with
-`precompile()` and allocate before `start()`.
+Platform: the host writes its pinned header copy and reads ctrl[DONE] and the result slots
+with plain loads and stores; x86-64 (TSO) keeps them in program order. `persistent_supported()`
+refuses any other host. Nothing may synchronise the whole device while a persistent kernel
+spins (torch.cuda.synchronize() would wait forever): compile with `precompile()` (it also
+captures the copy graphs) and allocate before `start()`.
 """
 
 from __future__ import annotations
@@ -62,24 +77,15 @@ KIND_STEP, KIND_RESET = 0, 1
 """Request kinds: a model step over slots[:n] at positions[:n]; zero the state of slots[:n]."""
 KIND_STOP = 2  # device-internal: the lead saw the stop flag with no request pending
 
-HDR, E_SLOT, E_POS = 0, 1, 2
-SLOTS_AT = 4
-CTRL_DONE, CTRL_STOP = 0, 16
-TAG_BITS = 15  # bits 48..62 of the express words: the int64 stays non-negative
-VAL_BITS = 48
+CTRL_DONE = 0
+LINE = 16  # int64 per 128-byte line
 
 # device sync block (int64): mailbox words, then counters on their own 128-byte lines
 MB_REQ, MB_N, MB_KIND = 0, 1, 2
-LINE = 16  # int64 per 128-byte line
 CNT_DONE = 1  # line index of the completion counter; phase counters follow
 SYNC_LINES = 16
 
-_HDR = tl.constexpr(HDR)
-_E_SLOT = tl.constexpr(E_SLOT)
-_E_POS = tl.constexpr(E_POS)
-_SLOTS_AT = tl.constexpr(SLOTS_AT)
 _CTRL_DONE = tl.constexpr(CTRL_DONE)
-_CTRL_STOP = tl.constexpr(CTRL_STOP)
 _MB_REQ = tl.constexpr(MB_REQ)
 _MB_N = tl.constexpr(MB_N)
 _MB_KIND = tl.constexpr(MB_KIND)
@@ -107,46 +113,101 @@ def persistent_supported(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-def _req_words(max_batch: int) -> int:
-    return triton.cdiv(SLOTS_AT + 2 * max_batch, LINE) * LINE  # whole 128-byte lines per slot
-
-
-def _alloc(shape, dtype, pin: bool) -> torch.Tensor:
-    t = torch.zeros(shape, dtype=dtype)
+def _zeros(shape, dtype, device: torch.device, pin: bool) -> torch.Tensor:
+    t = torch.zeros(shape, dtype=dtype, device=device)
     return t.pin_memory() if pin else t
 
 
+def _buckets(max_batch: int) -> list[int]:
+    """Payload sizes the copy graphs are captured for: powers of two up to max_batch."""
+    b, out = 1, []
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
 class RequestRing:
-    """R request slots and R result slots in pinned host memory (see the module docstring).
+    """R request slots, their copy graphs and R result slots (see the module docstring).
 
     Host API (one thread; nothing allocates):
-        k = ring.next_slot; slots, positions = ring.request_views(k)   # fill [:n] in place
+        k = ring.next_slot
+        slots, positions = ring.request_views(k); rows = ring.rows(k)   # fill [:n] in place
         seq = ring.submit(n, KIND_STEP)
         ring.done(seq) / ring.poll() -> answered count
         ring.outputs(k)[:n]  (valid from done(seq) until slot k is submitted again)
+
+    On a CUDA device `prepare()` captures the copy graphs (before any kernel spins; the
+    kernels' precompile calls it). Off CUDA (the interpreter's tests) submit copies the
+    payload and then the header synchronously: the same layout, the same order.
     """
 
-    def __init__(self, max_batch: int, *, n_requests: int = 4, pin: bool | None = None) -> None:
-        if n_requests < 2 or n_requests >= 1 << TAG_BITS:
-            raise ValueError(f"n_requests must be in 2..{(1 << TAG_BITS) - 1}, got {n_requests}")
+    def __init__(self, max_batch: int, *, rows_per_entry: int = 1, width: int = 1, n_requests: int = 4,
+                 device: torch.device | str = "cpu", transport: str = "dma") -> None:
+        """transport "dma": the copy graphs above (every model kernel); "pinned": the kernel
+        polls and reads the pinned host copies in place (UVA), the previous design, kept for
+        the floor benchmark's comparison (the payload is written before the header, in x86
+        store order)."""
+        if transport not in ("dma", "pinned"):
+            raise ValueError(f"transport must be 'dma' or 'pinned', got {transport!r}")
+        if n_requests < 2 or n_requests >= 1 << 15:
+            raise ValueError(f"n_requests must be in 2..32767, got {n_requests}")
         if max_batch < 1 or max_batch >= 1 << 16:
             raise ValueError(f"max_batch must be in 1..65535, got {max_batch}")
-        if pin is None:
-            pin = torch.cuda.is_available() and not interpreting()
+        self.device = dev = torch.device(device)
         self.max_batch = max_batch
+        self.rows_per_entry, self.width = rows_per_entry, width
         self.n_requests = n_requests
-        self.req_words = _req_words(max_batch)
-        self.req = _alloc((n_requests, self.req_words), torch.int64, pin)
-        self.out = _alloc((n_requests, max_batch, OUT_COLS), torch.float32, pin)
-        self.ctrl = _alloc((2 * LINE,), torch.int64, pin)
-        req_np = self.req.numpy()
-        self._slots = [req_np[k, SLOTS_AT:SLOTS_AT + max_batch] for k in range(n_requests)]
-        self._positions = [req_np[k, SLOTS_AT + max_batch:SLOTS_AT + 2 * max_batch] for k in range(n_requests)]
+        self.max_in_flight = n_requests - 1  # see the module docstring
+        self._ids_bytes = 16 * max_batch
+        self._row_bytes = 4 * rows_per_entry * width  # one entry's rows
+        self.payload_bytes = triton.cdiv(self._ids_bytes + max_batch * self._row_bytes, 128) * 128
+        pin = dev.type == "cuda"
+        cpu = torch.device("cpu")
+        self.transport = transport
+        self.host = _zeros((n_requests, self.payload_bytes), torch.uint8, cpu, pin)
+        self.hdr_h = _zeros((n_requests * LINE,), torch.int64, cpu, pin)
+        if transport == "dma":
+            self.dev = torch.zeros((n_requests, self.payload_bytes), dtype=torch.uint8, device=dev)
+            self.hdr_d = torch.zeros(n_requests * LINE, dtype=torch.int64, device=dev)
+        else:
+            self.dev, self.hdr_d = self.host, self.hdr_h
+        self.out = _zeros((n_requests, max_batch, OUT_COLS), torch.float32, cpu, pin)
+        self.ctrl = _zeros((2 * LINE,), torch.int64, cpu, pin)
+        self.stop_h = _zeros((LINE,), torch.int64, cpu, pin)
+        self.stop_d = torch.zeros(LINE, dtype=torch.int64, device=dev) if transport == "dma" else self.stop_h
+        mb, rb = max_batch, self._row_bytes
+        self._slots = [self.host[k, :8 * mb].view(torch.int64).numpy() for k in range(n_requests)]
+        self._positions = [self.host[k, 8 * mb:16 * mb].view(torch.int64).numpy() for k in range(n_requests)]
+        self._rows = [self.host[k, 16 * mb:16 * mb + mb * rb].view(torch.float32).view(mb, rows_per_entry, width)
+                      .numpy() for k in range(n_requests)]
         self._out = [self.out.numpy()[k] for k in range(n_requests)]
         # memoryviews: one scalar store or load costs ~40 ns against ~80 ns through numpy
-        self._req_mv = memoryview(req_np.reshape(-1)).cast("B").cast("q")
+        self._hdr_mv = memoryview(self.hdr_h.numpy()).cast("B").cast("q")
         self._ctrl_mv = memoryview(self.ctrl.numpy()).cast("B").cast("q")
+        buckets = _buckets(max_batch)
+        self._bucket_of = [0] + [next(i for i, b in enumerate(buckets) if b >= n) for n in range(1, mb + 1)]
+        self._copy_bytes = [self._ids_bytes + b * rb for b in buckets]
+        self._graphs: list[list] | None = None  # [slot][bucket index], captured by prepare()
         self.seq = 0  # requests submitted
+
+    # ------------------------------------------------------------ device views (the kernels' arguments)
+
+    @property
+    def payload_words(self) -> int:
+        """int64 words per slot in the device payload (slots at word 0, positions at max_batch)."""
+        return self.payload_bytes // 8
+
+    @property
+    def rows_offset(self) -> int:
+        """float32 index of rows[0] inside a slot's payload."""
+        return self._ids_bytes // 4
+
+    def device_ints(self) -> torch.Tensor:
+        return self.dev.view(torch.int64)
+
+    def device_floats(self) -> torch.Tensor:
+        return self.dev.view(torch.float32)
 
     # ------------------------------------------------------------ hot path
 
@@ -159,23 +220,30 @@ class RequestRing:
         """slots, positions (int64 [max_batch], pinned) of request slot k, to fill in place."""
         return self._slots[k], self._positions[k]
 
+    def rows(self, k: int) -> np.ndarray:
+        """rows float32 [max_batch, G, F] (pinned) of request slot k, to fill in place."""
+        return self._rows[k]
+
     def outputs(self, k: int) -> np.ndarray:
         """Result slot k, float32 [max_batch, OUT_COLS] (pinned, written by the kernel)."""
         return self._out[k]
 
     def submit(self, n: int, kind: int = KIND_STEP) -> int:
-        """Hand slots[:n], positions[:n] of `next_slot` to the kernel; returns the request's seq."""
+        """Hand slot `next_slot`'s slots[:n], positions[:n], rows[:n] to the kernel; returns its seq."""
         seq = self.seq + 1
-        if seq - self.answered > self.n_requests or not 0 < n <= self.max_batch:  # cold: a caller bug
-            raise RuntimeError(f"submit of {n} entries with {self.in_flight} of {self.n_requests} "
-                               f"requests in flight (max_batch {self.max_batch})")
-        mv = self._req_mv
-        base = ((seq - 1) % self.n_requests) * self.req_words
-        tag = (seq & ((1 << TAG_BITS) - 1)) << VAL_BITS
-        mask = (1 << VAL_BITS) - 1
-        mv[base + E_SLOT] = tag | (mv[base + SLOTS_AT] & mask)
-        mv[base + E_POS] = tag | (mv[base + SLOTS_AT + self.max_batch] & mask)
-        mv[base + HDR] = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)  # last: x86 keeps store order
+        if seq - self._ctrl_mv[CTRL_DONE] > self.max_in_flight or not 0 < n <= self.max_batch:  # cold: a bug
+            raise RuntimeError(f"submit of {n} entries with {self.in_flight} requests in flight "
+                               f"(at most {self.max_in_flight}; max_batch {self.max_batch})")
+        k = (seq - 1) % self.n_requests
+        self._hdr_mv[k * LINE] = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)
+        if self._graphs is not None:
+            self._graphs[k][self._bucket_of[n]].replay()
+        elif self.transport == "dma":
+            if self.device.type == "cuda":
+                raise RuntimeError("RequestRing.prepare() was not called (the kernel's precompile does it)")
+            nb = self._copy_bytes[self._bucket_of[n]]
+            self.dev[k, :nb] = self.host[k, :nb]
+            self.hdr_d[k * LINE] = self.hdr_h[k * LINE]
         self.seq = seq
         return seq
 
@@ -196,7 +264,7 @@ class RequestRing:
 
     @property
     def can_submit(self) -> bool:
-        return self.seq - self._ctrl_mv[CTRL_DONE] < self.n_requests
+        return self.seq - self._ctrl_mv[CTRL_DONE] < self.max_in_flight
 
     def oldest_unanswered(self) -> int | None:
         """Seq of the oldest request not answered yet (the watchdog's), None when idle."""
@@ -213,13 +281,36 @@ class RequestRing:
 
     # ------------------------------------------------------------ life cycle (no kernel running)
 
+    def prepare(self) -> None:
+        """Capture each slot's copy graphs (CUDA; once). Nothing may spin on the device yet."""
+        if self._graphs is not None or self.device.type != "cuda" or self.transport != "dma":
+            return
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        graphs = []
+        for k in range(self.n_requests):
+            row = []
+            for nb in self._copy_bytes:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=stream):
+                    self.dev[k, :nb].copy_(self.host[k, :nb], non_blocking=True)
+                    self.hdr_d[k * LINE:k * LINE + 1].copy_(self.hdr_h[k * LINE:k * LINE + 1], non_blocking=True)
+                row.append(g)
+            graphs.append(row)
+        stream.synchronize()
+        self._graphs = graphs
+
     def raise_stop(self) -> None:
-        self._ctrl_mv[CTRL_STOP] = 1
+        """The stop flag, to the device copy the kernel polls: it serves what was submitted
+        and exits. A copy, not a kernel: it needs no free SM beside a persistent kernel."""
+        self.stop_h[0] = 1
+        if self.stop_d is not self.stop_h:
+            self.stop_d.copy_(self.stop_h, non_blocking=True)
 
     def clear(self) -> None:
-        """Zero headers, flags and counters: before each start() of a kernel."""
-        self.req.zero_()
-        self.ctrl.zero_()
+        """Zero headers, answers, the stop flag and counters: before each start() of a kernel."""
+        for t in {id(t): t for t in (self.hdr_h, self.hdr_d, self.ctrl, self.stop_h, self.stop_d)}.values():
+            t.zero_()
         self.seq = 0
 
 
@@ -227,60 +318,36 @@ class RequestRing:
 
 
 @triton.jit
-def _unpack48(v):
-    """Low 48 bits of an express word, sign-extended (positions of padding entries may be negative)."""
-    return (v << 16) >> 16
-
-
-@triton.jit
-def _lead_wait_request(req_ptr, ctrl_ptr, r, REQ_W: tl.constexpr, NREQ: tl.constexpr):
-    """Lead program: wait for request r+1 (r requests served so far). Returns
-    (kind, n, slot0, pos0, request base pointer); kind KIND_STOP once the stop flag is up
-    and request r+1 has not arrived (a pending request is served first)."""
-    seq = r + 1
-    base = req_ptr + (r % NREQ) * REQ_W
-    tag = seq & ((1 << 15) - 1)
-    want = seq & 0xFFFFFFFF
-    w3 = tl.arange(0, 4)
-    zero = r * 0
-    hdr, es, ep = zero, zero, zero  # scalars: a while loop must not carry tensors (Triton 3.6/3.8)
-    got = 0
-    while got == 0:
-        # HDR, E_SLOT, E_POS in one 32-byte read; each word is whole, so no order is needed
-        words = tl.load(base + w3, mask=w3 < 3, other=0, volatile=True)
-        stop = tl.load(ctrl_ptr + _CTRL_STOP, volatile=True)
-        hdr = tl.sum(tl.where(w3 == 0, words, 0), axis=0)
-        es = tl.sum(tl.where(w3 == 1, words, 0), axis=0)
-        ep = tl.sum(tl.where(w3 == 2, words, 0), axis=0)
-        ok = ((hdr & 0xFFFFFFFF) == want) & ((es >> 48) == tag) & ((ep >> 48) == tag)
-        got = tl.where(ok, 1, tl.where(stop != 0, 2, 0))
-    kind = tl.where(got == 1, (hdr >> 48) & 0xFF, _KIND_STOP)
+def _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ: tl.constexpr):
+    """Lead program: wait for request r+1 (r requests served so far) in the device header;
+    returns (kind, n), kind KIND_STOP once the stop flag is up and request r+1 has not
+    arrived (a pending request is served first)."""
+    p = hdr_ptr + (r % NREQ) * 16
+    want = (r + 1) & 0xFFFFFFFF
+    hdr = tl.load(p, volatile=True)
+    stop = tl.load(stop_ptr, volatile=True)
+    while ((hdr & 0xFFFFFFFF) != want) & (stop == 0):  # scalars only: a while loop must not carry tensors
+        hdr = tl.load(p, volatile=True)
+        stop = tl.load(stop_ptr, volatile=True)
+    got = (hdr & 0xFFFFFFFF) == want
+    kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
     n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
-    slot0 = _unpack48(es)
-    pos0 = _unpack48(ep)
-    return kind, n, slot0, pos0, base
+    return kind, n
 
 
 @triton.jit
-def _copy_entries(base, n, slot0, pos0, dslots_ptr, dpos_ptr, MAX_B: tl.constexpr, HB: tl.constexpr):
-    """Lead: the request's slots/positions -> device arrays (entry 0 from the express words;
-    entries 1..n-1 read after HDR was seen, one more PCIe round trip, only when n > 1)."""
-    hb = tl.arange(0, HB)
-    for b0 in range(0, n, HB):
-        b = b0 + hb
-        bm = (b < n) & (b > 0)
-        s = tl.load(base + _SLOTS_AT + b, mask=bm, other=0, volatile=True)
-        p = tl.load(base + _SLOTS_AT + MAX_B + b, mask=bm, other=0, volatile=True)
-        s = tl.where(b == 0, slot0, s)
-        p = tl.where(b == 0, pos0, p)
-        tl.store(dslots_ptr + b, s, mask=b < n)
-        tl.store(dpos_ptr + b, p, mask=b < n)
+def _payload(pay_i_ptr, pay_f_ptr, r, NREQ: tl.constexpr, PW: tl.constexpr, MAX_B: tl.constexpr,
+             ROWS_AT: tl.constexpr):
+    """Device pointers of request r+1's slots, positions and rows (slot (r % NREQ) of the payload)."""
+    k = r % NREQ
+    slots = pay_i_ptr + k * PW
+    return slots, slots + MAX_B, pay_f_ptr + k * (2 * PW) + ROWS_AT
 
 
 @triton.jit
 def _broadcast(sync_ptr, r, kind, n):
-    """Lead: publish request r+1 (kind, n) to every program; the device copies the lead
-    wrote before are visible to whoever sees MB_REQ == r+1."""
+    """Lead: publish request r+1 (kind, n) to every program: whoever sees MB_REQ == r+1
+    also sees everything the lead saw or wrote before."""
     tl.store(sync_ptr + _MB_N, n.to(tl.int64))
     tl.store(sync_ptr + _MB_KIND, kind.to(tl.int64))
     tl.debug_barrier()  # every thread's stores are issued before the release below
@@ -362,10 +429,11 @@ class PersistentKernel:
 
     def start(self) -> None:
         """Launch the kernel on its own stream (returns at once on a GPU). Under the
-        interpreter the launch runs to its end: post the requests and the stop flag first."""
+        interpreter the launch runs to its end: post the requests and raise the stop flag first."""
         if self.running:
             raise RuntimeError("kernel already running")
         if not interpreting():
+            self.ring.prepare()
             self.ring.clear()
         self.running = True
         if self.stream is None:
@@ -394,10 +462,12 @@ class PersistentKernel:
         self.running = False
 
     def precompile(self) -> None:
-        """Compile and load the kernel before start(): a launch with the stop flag raised
-        exits at once. Nothing may wait on the device while a persistent kernel spins."""
+        """Compile and load the kernel and capture the ring's copy graphs before start(): a
+        launch with the stop flag raised exits at once. Nothing may wait on the device while
+        a persistent kernel spins."""
         if self.running:
             raise RuntimeError("precompile while running")
+        self.ring.prepare()
         self.ring.clear()
         self.ring.raise_stop()
         if self.stream is None:
@@ -427,25 +497,37 @@ class PersistentKernel:
         idx = (np.arange(first_seq, last_seq + 1) - 1) % self.time_slots
         return t[idx, 1] - t[idx, 0]
 
+    def ring_args(self) -> tuple:
+        """The ring's tensors every model kernel takes first: device header, stop flag, payload
+        (as int64 and float32), result slots, answered counter."""
+        ring = self.ring
+        return ring.hdr_d, ring.stop_d, ring.device_ints(), ring.device_floats(), ring.out, ring.ctrl
+
+    def ring_consts(self) -> dict:
+        ring = self.ring
+        return dict(NREQ=ring.n_requests, PW=ring.payload_words, ROWS_AT=ring.rows_offset, MAX_B=ring.max_batch)
+
 
 # --------------------------------------------------------------------------- the floor
 
 
 @triton.jit
-def _floor_kernel(req_ptr, ctrl_ptr, out_ptr, time_ptr, REQ_W: tl.constexpr, NREQ: tl.constexpr,
-                  MAX_B: tl.constexpr, OUT_C: tl.constexpr, TIMING: tl.constexpr, TSLOTS: tl.constexpr):
-    """Flag in, flag out, through the same polling code as the model kernels: answers each
-    request with out[k, 0, 0:3] = seq, slot0, pos0 (as floats)."""
+def _floor_kernel(hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_ptr, ctrl_ptr, time_ptr, NREQ: tl.constexpr,
+                  PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr, OUT_C: tl.constexpr,
+                  TIMING: tl.constexpr, TSLOTS: tl.constexpr):
+    """Request in, answer out, through the same polling and payload as the model kernels:
+    answers each request with out[k, 0, 0:3] = seq, slots[0], positions[0] (as floats)."""
     r = tl.load(ctrl_ptr + _CTRL_DONE, volatile=True) * 0  # int64 zero (the host cleared the ring)
     running = 1
     while running == 1:
-        kind, n, slot0, pos0, base = _lead_wait_request(req_ptr, ctrl_ptr, r, REQ_W, NREQ)
+        kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
         if kind != _KIND_STOP:
             _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
+            slots, positions, rows = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
             o = out_ptr + (r % NREQ) * (MAX_B * OUT_C)
             tl.store(o, (r + 1).to(tl.float32))
-            tl.store(o + 1, slot0.to(tl.float32))
-            tl.store(o + 2, pos0.to(tl.float32))
+            tl.store(o + 1, tl.load(slots, volatile=True).to(tl.float32))
+            tl.store(o + 2, tl.load(positions, volatile=True).to(tl.float32))
             _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
             _release_done(ctrl_ptr, r + 1)
             r += 1
@@ -464,10 +546,8 @@ class FloorKernel(PersistentKernel):
         return 1
 
     def _launch(self) -> None:
-        ring = self.ring
-        _floor_kernel[(1,)](ring.req, ring.ctrl, ring.out, self.times, REQ_W=ring.req_words,
-                            NREQ=ring.n_requests, MAX_B=ring.max_batch, OUT_C=OUT_COLS, TIMING=self.timing,
-                            TSLOTS=self.time_slots, num_warps=1)
+        _floor_kernel[(1,)](*self.ring_args(), self.times, **self.ring_consts(), OUT_C=OUT_COLS,
+                            TIMING=self.timing, TSLOTS=self.time_slots, num_warps=1)
 
     def _zero_state(self) -> None:
         pass

@@ -105,9 +105,16 @@ class Setup:
         from hft_infer.kernels.mlp_persistent import MlpPersistent
 
         if self.family == "mlp":
-            return MlpPersistent(self.w, ring, self.ring_h, self.thr, self.held, timing=timing)
-        return LstmPersistent(self.w, ring, self.ring_h, self.thr, self.held, window=self.window,
+            return MlpPersistent(self.w, ring, self.thr, self.held, timing=timing)
+        return LstmPersistent(self.w, ring, N_INST + 1, self.thr, self.held, window=self.window,
                               max_programs=max_programs, timing=timing)
+
+    def ring(self):
+        """The persistent kernels' request ring for this model (rows per entry: W for the MLP)."""
+        from hft_infer.kernels.persistent import RequestRing
+
+        g = self.spec.window if self.family == "mlp" else 1
+        return RequestRing(MAX_B, rows_per_entry=g, width=self.f, n_requests=NREQ, device=self.dev)
 
     def launched(self, batch: int):
         """(step(rows, slots, positions, out, ring_h), state) for the launched kernel at this batch."""
@@ -138,9 +145,8 @@ def _compile_job(name: str, precision: str, batches: list[int]) -> str:
 
     dev = torch.device("cuda")
     st = Setup(name, precision, dev)
-    ring = RequestRing(MAX_B, n_requests=NREQ)
-    st.persistent(ring).precompile()
-    FloorKernel(ring, dev, timing=True).precompile()
+    st.persistent(st.ring()).precompile()
+    FloorKernel(RequestRing(MAX_B, n_requests=NREQ, device=dev), dev, timing=True).precompile()
     step = st.launched(MAX_B)
     for b in batches:
         s = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -171,10 +177,11 @@ class Driver:
     """Feeds one persistent kernel: rows into the host ring, requests, float64 references."""
 
     def __init__(self, st: Setup, args):
-        from hft_infer.kernels.persistent import RequestRing
+        from hft_infer.runner.staging import RowGather
 
         self.st = st
-        self.ring = RequestRing(MAX_B, n_requests=NREQ)
+        self.ring = st.ring()
+        self.gather = RowGather(st.ring_h, max_batch=MAX_B, rows_per_entry=self.ring.rows_per_entry)
         self.kernel = st.persistent(self.ring, args.max_programs)
         self.nxt = np.zeros(N_INST + 1, dtype=np.int64)
         self.gen = torch.Generator().manual_seed(5)
@@ -199,6 +206,7 @@ class Driver:
         self.st.ring_np[np.arange(b), self.nxt[:b] % DEPTH] = rows
         self.nxt[:b] += 1
         self.i += 1
+        self.gather.gather(slots[:b], positions[:b], self.ring.rows(k)[:b])  # the engine's submit does this
         return k, slots[:b].copy(), positions[:b].copy()
 
     def reference(self, slots, positions) -> torch.Tensor:
@@ -268,7 +276,7 @@ def bench_persistent(st: Setup, args, results: list) -> None:
 def bench_floor(args, results: list, dev) -> None:
     from hft_infer.kernels.persistent import FloorKernel, RequestRing
 
-    ring = RequestRing(MAX_B, n_requests=NREQ)
+    ring = RequestRing(MAX_B, n_requests=NREQ, device=dev)
     k = FloorKernel(ring, dev, timing=True)
     k.precompile()
     k.start()

@@ -14,9 +14,11 @@ state, the decision policy's held positions) on the device, allocated once.
   what that measured.) A step is one `replay()` and an event; `poll`
   queries the event. Captured once at start-up, largest bucket first, in one
   pool; capturing again raises.
-- `PersistentEngine`: a kernel that never exits serves a request ring in
-  pinned memory (kernels/persistent.py): the loop fills a request slot in
-  place, `submit` writes its header last, the kernel answers in order and
+- `PersistentEngine`: a kernel that never exits serves a request ring
+  (kernels/persistent.py): the loop fills a request slot's pinned payload in
+  place (slots, positions; `submit` gathers the rows as the graph engine
+  does), and the ring's copy graph moves payload then header to the device,
+  where the kernel polls; it answers in order into pinned result slots and
   releases a done counter that `poll` reads. Up to `runner.max_inflight`
   requests in flight; a Reset is a request of its own kind, in order with the
   steps. A watchdog (`runner.watchdog_ms`) turns a request that is not
@@ -126,14 +128,15 @@ class KernelStep:
                              self.held, out, persistent=self._one_launch)
 
     def persistent(self, ring, *, max_programs: int | None = None):
-        """The persistent kernel of this model behind `ring` (kernels/persistent.py)."""
+        """The persistent kernel of this model behind `ring` (kernels/persistent.py; the ring
+        carries `staged_rows` rows per entry)."""
         if self.kind == "mlp":
             from hft_infer.kernels.mlp_persistent import MlpPersistent
 
-            return MlpPersistent(self.w, ring, self.ring_h, self.thresholds, self.held)
+            return MlpPersistent(self.w, ring, self.thresholds, self.held)
         from hft_infer.kernels.lstm_persistent import LstmPersistent
 
-        return LstmPersistent(self.w, ring, self.ring_h, self.thresholds, self.held,
+        return LstmPersistent(self.w, ring, self.ring_h.shape[0], self.thresholds, self.held,
                               window=self.window if self.mode == "window" else None, max_programs=max_programs)
 
     def reset(self) -> None:
@@ -253,24 +256,33 @@ class PersistentEngine(_GpuEngine):
     def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
                  max_inflight: int = 4, max_programs: int | None = None) -> None:
         from hft_infer.kernels.persistent import RequestRing, persistent_supported
+        from hft_infer.runner.staging import RowGather
 
         ok, why = persistent_supported(kstep.device)
         if not ok:
             raise EngineFailure(f"persistent engine refused: {why}")
         self.kstep = kstep
-        self.max_inflight = max_inflight
-        self.ring = RequestRing(max_batch, n_requests=max(2, max_inflight))
-        self.max_inflight = self.ring.n_requests
+        # one ring slot more than requests in flight (the ring's rule: kernels/persistent.py)
+        self.ring = RequestRing(max_batch, rows_per_entry=kstep.staged_rows, width=kstep.features,
+                                n_requests=max(2, max_inflight) + 1, device=kstep.device)
+        self.max_inflight = self.ring.n_requests  # buffers = ring slots; can_submit keeps one free
         # any batch size is served as is: no bucket padding
         super().__init__(list(range(1, self.ring.max_batch + 1)), sink_slot, stateful=kstep.stateful,
                          reason=reason)
-        views = [self.ring.request_views(k) for k in range(max_inflight)]
+        k = self.max_inflight
+        views = [self.ring.request_views(i) for i in range(k)]
         self._slots = [v[0] for v in views]  # the loop writes the requests in place
         self._positions = [v[1] for v in views]
+        self._rows = [self.ring.rows(i) for i in range(k)]
+        self._gather = RowGather(kstep.ring_h, max_batch=max_batch, rows_per_entry=kstep.staged_rows)
         self.watchdog_ns = watchdog_ms * 1_000_000
-        self._seq = [0] * max_inflight
-        self._submitted_ns = [0] * max_inflight
+        self._seq = [0] * k
+        self._submitted_ns = [0] * k
         self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
+
+    @property
+    def can_submit(self) -> bool:
+        return self.in_flight < self.ring.max_in_flight
 
     def start(self) -> None:
         self.kernel.start()
@@ -291,8 +303,10 @@ class PersistentEngine(_GpuEngine):
         self.ready = True
 
     def _launch(self, i: int, n: int) -> None:
-        if self.ring.next_slot != i:  # cold: the ring and the base class's FIFO disagree
-            raise EngineFailure(f"request ring at slot {self.ring.next_slot}, engine at {i}")
+        if self.ring.next_slot != i or not self.can_submit:  # cold: the ring and the loop disagree
+            raise EngineFailure(f"request ring at slot {self.ring.next_slot} with {self.ring.in_flight} in "
+                                f"flight, engine at {i}")
+        self._gather.gather(self._slots[i][:n], self._positions[i][:n], self._rows[i][:n])
         self._seq[i] = self.ring.submit(n)
         self._submitted_ns[i] = time.perf_counter_ns()
 
@@ -329,6 +343,8 @@ class PersistentEngine(_GpuEngine):
         from hft_infer.kernels.persistent import KIND_RESET
 
         slots = list(slots)
+        if self.in_flight:
+            raise EngineFailure("reset_slots of the persistent engine with steps in flight")
         for start in range(0, len(slots), self.ring.max_batch):
             chunk = slots[start:start + self.ring.max_batch]
             k = self.ring.next_slot

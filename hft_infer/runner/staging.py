@@ -23,6 +23,9 @@ replays are ordered on one stream, so step k+1's copy runs after step k's kernel
 
 G = rows per entry: 1 for the LSTMs (the new row; their state holds the past), W for
 window readers (the MLP, custom modules: the whole window).
+
+`RowGather` is step 1 alone: the persistent engine gathers into its request ring's
+payload (kernels/persistent.py), which the ring's own copy graph moves to the device.
 """
 
 from __future__ import annotations
@@ -30,51 +33,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["StepStaging"]
+__all__ = ["RowGather", "StepStaging"]
 
 
-class StepStaging:
-    def __init__(self, ring_h: torch.Tensor, *, max_batch: int, rows_per_entry: int, n_buffers: int,
-                 device: torch.device) -> None:
-        """ring_h: the feature store's host ring float32 [n_slots, R, F] (pinned where a GPU
-        reads it). Allocates n_buffers host buffers (pinned on a CUDA device) and one device
-        buffer."""
+class RowGather:
+    """Each batch entry's rows out of the pinned host feature ring, into a caller's buffer
+    (numpy `take` into preallocated index scratch: nothing allocates per step)."""
+
+    def __init__(self, ring_h: torch.Tensor, *, max_batch: int, rows_per_entry: int) -> None:
         n_slots, self.ring_len, self.width = ring_h.shape
         if rows_per_entry > self.ring_len:
             raise ValueError(f"{rows_per_entry} rows per entry do not fit the feature ring's {self.ring_len}")
-        self.max_batch = max_batch
         self.rows_per_entry = g = rows_per_entry
         self._ring_flat = ring_h.numpy().reshape(n_slots * self.ring_len, self.width)  # a view
-        self._header = 16 * max_batch
-        self._row_bytes = 4 * g * self.width  # one entry's rows
-        total = self._header + max_batch * self._row_bytes
-        pin = device.type == "cuda"
-        self._host = [torch.zeros(total, dtype=torch.uint8) for _ in range(n_buffers)]
-        if pin:
-            self._host = [t.pin_memory() for t in self._host]
-        self._dev = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.slots = [self._ints(t, 0).numpy() for t in self._host]
-        self.positions = [self._ints(t, 1).numpy() for t in self._host]
-        self.rows = [self._rows(t).numpy() for t in self._host]
-        self.slots_d, self.positions_d, self.rows_d = self._ints(self._dev, 0), self._ints(self._dev, 1), \
-            self._rows(self._dev)
-        # scratch of the window gather (preallocated: the gather allocates nothing)
+        if not np.may_share_memory(self._ring_flat, ring_h.numpy()):
+            raise ValueError("the feature ring must be contiguous (the gather reads it in place)")
         self._offsets = np.arange(-(g - 1), 1, dtype=np.int64)
         self._idx = np.zeros((max_batch, g), dtype=np.int64)
         self._base = np.zeros((max_batch, 1), dtype=np.int64)
         self._missing = np.zeros((max_batch, g), dtype=bool)
 
-    def _ints(self, buf: torch.Tensor, k: int) -> torch.Tensor:
-        mb = self.max_batch
-        return buf[8 * k * mb: 8 * (k + 1) * mb].view(torch.int64)
-
-    def _rows(self, buf: torch.Tensor) -> torch.Tensor:
-        return buf[self._header:].view(torch.float32).view(self.max_batch, self.rows_per_entry, self.width)
-
-    def gather(self, i: int, b: int) -> None:
-        """Buffer i's rows[:b] from the ring at its slots[:b], positions[:b] (host, in place)."""
-        slots, positions = self.slots[i][:b], self.positions[i][:b]
-        out = self.rows[i][:b]
+    def gather(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+        """out[b] (float32 [G, F]) <- rows positions[b]-G+1..positions[b] of slot slots[b],
+        oldest first; rows before position 0 are zero rows."""
+        b = len(slots)
         r = self.ring_len
         if self.rows_per_entry == 1:
             idx = self._idx[:b, 0]
@@ -90,6 +72,45 @@ class StepStaging:
         if missing is not None:
             out[missing] = 0.0
 
+    def address(self) -> int:
+        return int(self._ring_flat.ctypes.data)
+
+
+class StepStaging:
+    def __init__(self, ring_h: torch.Tensor, *, max_batch: int, rows_per_entry: int, n_buffers: int,
+                 device: torch.device) -> None:
+        """ring_h: the feature store's host ring float32 [n_slots, R, F] (pinned where a GPU
+        reads it). Allocates n_buffers host buffers (pinned on a CUDA device) and one device
+        buffer."""
+        self._gather = RowGather(ring_h, max_batch=max_batch, rows_per_entry=rows_per_entry)
+        self.width = ring_h.shape[2]
+        self.max_batch = max_batch
+        self.rows_per_entry = g = rows_per_entry
+        self._header = 16 * max_batch
+        self._row_bytes = 4 * g * self.width  # one entry's rows
+        total = self._header + max_batch * self._row_bytes
+        pin = device.type == "cuda"
+        self._host = [torch.zeros(total, dtype=torch.uint8) for _ in range(n_buffers)]
+        if pin:
+            self._host = [t.pin_memory() for t in self._host]
+        self._dev = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.slots = [self._ints(t, 0).numpy() for t in self._host]
+        self.positions = [self._ints(t, 1).numpy() for t in self._host]
+        self.rows = [self._rows(t).numpy() for t in self._host]
+        self.slots_d, self.positions_d, self.rows_d = self._ints(self._dev, 0), self._ints(self._dev, 1), \
+            self._rows(self._dev)
+
+    def _ints(self, buf: torch.Tensor, k: int) -> torch.Tensor:
+        mb = self.max_batch
+        return buf[8 * k * mb: 8 * (k + 1) * mb].view(torch.int64)
+
+    def _rows(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf[self._header:].view(torch.float32).view(self.max_batch, self.rows_per_entry, self.width)
+
+    def gather(self, i: int, b: int) -> None:
+        """Buffer i's rows[:b] from the ring at its slots[:b], positions[:b] (host, in place)."""
+        self._gather.gather(self.slots[i][:b], self.positions[i][:b], self.rows[i][:b])
+
     def upload(self, i: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copy buffer i's first b entries to the device (capturable: one copy node);
         returns the device slots[:b], positions[:b], rows[:b] ([b, G, F])."""
@@ -99,4 +120,4 @@ class StepStaging:
 
     def addresses(self) -> tuple[int, ...]:
         """The buffers' addresses (a CUDA graph's inputs: they must never move)."""
-        return tuple(t.data_ptr() for t in (*self._host, self._dev)) + (int(self._ring_flat.ctypes.data),)
+        return tuple(t.data_ptr() for t in (*self._host, self._dev)) + (self._gather.address(),)

@@ -1,12 +1,13 @@
 """Persistent kernels behind the request ring (kernels/persistent.py) against the torch
 references (fp32 and float64), and the launched steps reading rows from the host ring.
 
-CPU: the interpreter runs a launch to its end, so each round posts up to R requests
-and the stop flag before start(): the kernel serves them in order and exits; the
-model state carries over to the next round. Every round: outputs poisoned with NaN,
-fresh random rows written into the host ring at (slot, position), batches 1..max
-with padding-sink entries (negative positions too), a RESET between steps, slots
-outside the round checked untouched. CUDA (marked gpu): the real presets at batch
+CPU: the interpreter runs a launch to its end, so each round posts its requests and a
+the stop flag before start(): the kernel serves them in order and exits; the model
+state carries over to the next round. Every round: outputs poisoned with NaN, fresh
+random rows written into the host ring at (slot, position) and gathered into the
+request's payload by the service's `RowGather`, batches 1..max with padding-sink
+entries (negative positions too), a RESET between steps, slots outside the round
+checked untouched. CUDA (marked gpu): the real presets at batch
 1/8/64 with three requests in flight, in a child process with a timeout (a hung
 persistent kernel must not hang the run).
 """
@@ -40,15 +41,14 @@ from hft_infer.kernels.mlp import mlp_step_reference, prepare_mlp_weights
 from hft_infer.kernels.mlp_persistent import MlpPersistent
 from hft_infer.kernels.persistent import (
     CTRL_DONE,
-    E_POS,
-    E_SLOT,
-    HDR,
     KIND_RESET,
     KIND_STEP,
+    LINE,
     FloorKernel,
     RequestRing,
     persistent_supported,
 )
+from hft_infer.runner.staging import RowGather
 
 THR = (0.125, 0.0625)  # exact in fp32: kernel and float64 checks agree on which side a score falls
 
@@ -57,23 +57,33 @@ THR = (0.125, 0.0625)  # exact in fp32: kernel and float64 checks agree on which
 
 
 def test_ring_words_and_flow_control():
-    ring = RequestRing(3, n_requests=2, pin=False)
+    ring = RequestRing(3, rows_per_entry=2, width=5, n_requests=3)
+    assert ring.max_in_flight == 2 and ring.payload_bytes % 128 == 0
     slots, positions = ring.request_views(ring.next_slot)
+    rows = ring.rows(ring.next_slot)
     slots[:2], positions[:2] = [5, 7], [-3, 9]
+    rows[:2] = np.arange(20, dtype=np.float32).reshape(2, 2, 5)
     seq = ring.submit(2, KIND_STEP)
-    req = ring.req.numpy()[0]
-    assert seq == 1 and req[HDR] == 1 | (2 << 32) | (KIND_STEP << 48)
-    assert req[E_SLOT] >> 48 == 1 and req[E_SLOT] & ((1 << 48) - 1) == 5
-    assert req[E_POS] >> 48 == 1 and ((int(req[E_POS]) << 16) & (2**64 - 1)) >> 16 == (-3) & ((1 << 48) - 1)
+    hdr = 1 | (2 << 32) | (KIND_STEP << 48)
+    assert seq == 1 and ring.hdr_h[0] == hdr and ring.hdr_d[0] == hdr
+    # the payload reached the device copy: slots, positions, then the rows at rows_offset
+    ints, floats = ring.device_ints()[0], ring.device_floats()[0]
+    assert ints[:2].tolist() == [5, 7] and ints[3:5].tolist() == [-3, 9]
+    assert floats[ring.rows_offset:ring.rows_offset + 20].tolist() == list(range(20))
     assert ring.next_slot == 1 and ring.oldest_unanswered() == 1 and not ring.done(1)
     ring.submit(1, KIND_RESET)
-    assert not ring.can_submit
+    assert ring.hdr_d[LINE] == 2 | (1 << 32) | (KIND_RESET << 48)
+    assert not ring.can_submit  # R - 1 in flight: the kernel may still read the oldest slot's payload
     with pytest.raises(RuntimeError):
-        ring.submit(1)  # every slot in flight
+        ring.submit(1)
     ring.ctrl.numpy()[CTRL_DONE] = 1  # what the kernel's release does
     assert ring.done(1) and not ring.done(2) and ring.oldest_unanswered() == 2 and ring.can_submit
     with pytest.raises(RuntimeError):
         ring.submit(0)
+    ring.raise_stop()
+    assert ring.stop_d[0] == 1 and ring.seq == 2  # the stop flag takes no request slot
+    ring.clear()
+    assert ring.stop_d[0] == 0 and ring.hdr_d[0] == 0 and ring.seq == 0
 
 
 def test_persistent_refused_off_x86(monkeypatch):
@@ -87,14 +97,14 @@ def test_persistent_refused_off_x86(monkeypatch):
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu")])
 def test_floor_answers_in_order(device):
     require_device(device)
-    ring = RequestRing(4, n_requests=3)
+    ring = RequestRing(4, n_requests=4)
     floor = FloorKernel(ring, device)
     for rnd in range(2):
         ring.clear()
         ring.out.fill_(float("nan"))
         for i in range(3):
             slots, positions = ring.request_views(ring.next_slot)
-            slots[0], positions[0] = 10 * rnd + i, -1 - i  # negative: sign-extended express word
+            slots[0], positions[0] = 10 * rnd + i, -1 - i
             ring.submit(1 + i)
         ring.raise_stop()
         floor.start()
@@ -138,10 +148,11 @@ class Model:
         self.case, self.dev = case, dev
         f = 4 * case.levels + 2
         self.n_slots = case.n_inst + 1
-        pin = dev.type == "cuda"
+        # the host feature ring (the references read it) and the service's gather into the payload
         self.ring_h = torch.zeros(self.n_slots, case.depth, f)
-        self.ring_h = self.ring_h.pin_memory() if pin else self.ring_h
-        self.ring = RequestRing(max_batch, n_requests=n_requests, pin=pin)
+        g = case.window if case.family == "mlp" else 1
+        self.ring = RequestRing(max_batch, rows_per_entry=g, width=f, n_requests=n_requests, device=dev)
+        self.gather = RowGather(self.ring_h, max_batch=max_batch, rows_per_entry=g)
         self.thr = torch.tensor(THR, device=dev)
         self.held = torch.zeros(self.n_slots, dtype=torch.int32, device=dev)
         if case.family == "mlp":
@@ -149,12 +160,12 @@ class Model:
             # one program under the interpreter: one column block, one input split
             kw = dict(block_n=32, block_k=64, ksplit=1) if dev.type == "cpu" else {}
             w = prepare_mlp_weights(self.params, precision=case.precision, device=dev, **kw)
-            self.kernel = MlpPersistent(w, self.ring, self.ring_h, self.thr, self.held)
+            self.kernel = MlpPersistent(w, self.ring, self.thr, self.held)
         else:
             self.params = params if params is not None else make_lstm(case.levels, case.hidden, case.layers, gen)[0]
             bh = 16 if dev.type == "cpu" else 4
             w = prepare_lstm_weights(self.params, precision=case.precision, device=dev, block_h=bh)
-            self.kernel = LstmPersistent(w, self.ring, self.ring_h, self.thr, self.held,
+            self.kernel = LstmPersistent(w, self.ring, self.n_slots, self.thr, self.held,
                                          window=case.window if case.family == "window" else None,
                                          max_programs=max_programs)
         self.refs = {}
@@ -164,6 +175,15 @@ class Model:
                 st["h"] = torch.zeros(self.kernel.h.shape, dtype=dt)
                 st["c"] = torch.zeros(self.kernel.h.shape, dtype=dt)
             self.refs[name] = st
+
+    def fill(self, slots: list[int], positions: list[int]) -> int:
+        """Request slot `next_slot` <- slots, positions and their rows gathered from ring_h."""
+        k = self.ring.next_slot
+        s_view, p_view = self.ring.request_views(k)
+        n = len(slots)
+        s_view[:n], p_view[:n] = slots, positions
+        self.gather.gather(s_view[:n], p_view[:n], self.ring.rows(k)[:n])
+        return k
 
     def reference(self, name: str, kind: int, slots: list[int], positions: list[int]) -> torch.Tensor | None:
         st = self.refs[name]
@@ -209,7 +229,7 @@ def test_persistent_matches_references(case: Case):
     dev = require_device("cpu")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     rnd = random.Random(7)
-    model = Model(case, dev, gen, max_batch=4, n_requests=3)
+    model = Model(case, dev, gen, max_batch=4, n_requests=4)  # a round's requests: at most R - 1
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
@@ -225,9 +245,7 @@ def test_persistent_matches_references(case: Case):
         for kind, slots, positions, n_real in reqs:
             prev = {k: model.refs[k]["held"][torch.tensor(slots)].clone() for k in model.refs}
             ref = {k: model.reference(k, kind, slots, positions) for k in model.refs}
-            k = ring.next_slot
-            s_view, p_view = ring.request_views(k)
-            s_view[:len(slots)], p_view[:len(slots)] = slots, positions
+            k = model.fill(slots, positions)
             ring.submit(len(slots), kind)
             expect.append((k, kind, len(slots), n_real, ref, prev))
         ring.raise_stop()
@@ -312,7 +330,7 @@ GPU_CASES = {  # name: (preset, family, precision)
 # results go wrong on some requests; the service's self-check refuses them there): measured at
 # db6427a (docs/bench/h200-db6427a/gpu_tests.log). Their failure makes the test XFAIL with the
 # details; any other case failing fails it.
-KNOWN_DIVERGENT = {"lstm_b-window-fp32", "mlp_small-fp32", "mlp_small-bf16"}
+KNOWN_DIVERGENT: set[str] = set()
 
 
 def _gpu_child(name: str) -> None:
@@ -344,9 +362,7 @@ def _gpu_child(name: str) -> None:
                 ring.outputs(ring.next_slot)[:] = np.nan
                 prev = {k: model.refs[k]["held"][torch.tensor(slots)].clone() for k in model.refs}
                 ref = {k: model.reference(k, kind, slots, positions) for k in model.refs}
-                s_view, p_view = ring.request_views(ring.next_slot)
-                k = ring.next_slot
-                s_view[:len(slots)], p_view[:len(slots)] = slots, positions
+                k = model.fill(slots, positions)
                 seq = ring.submit(len(slots), kind)
                 pending.append((seq, k, kind, len(slots), n_real, ref, prev))
         while pending:
