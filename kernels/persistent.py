@@ -143,13 +143,18 @@ class RequestRing:
     """
 
     def __init__(self, max_batch: int, *, rows_per_entry: int = 1, width: int = 1, n_requests: int = 4,
-                 device: torch.device | str = "cpu", transport: str = "dma") -> None:
-        """transport "dma": the copy graphs above (every model kernel); "pinned": the kernel
-        polls and reads the pinned host copies in place (UVA), the previous design, kept for
-        the floor benchmark's comparison (the payload is written before the header, in x86
-        store order)."""
-        if transport not in ("dma", "pinned"):
-            raise ValueError(f"transport must be 'dma' or 'pinned', got {transport!r}")
+                 device: torch.device | str = "cpu", transport: str = "fenced") -> None:
+        """transport:
+        "fenced" (the engine's): the payload by a copy graph to the device; the host waits for
+            that copy's event, then writes the header into pinned memory, which the lead polls
+            (one PCIe read per poll): the header cannot be seen before the payload.
+        "dma": payload, then header, both by the copy graph, the lead polling device memory
+            (faster, but on the H200 host the header was seen before the payload of small
+            requests: tools/diag_ring_order.py).
+        "pinned": the kernel polls and reads the pinned host copies in place (UVA; the
+            payload is written before the header, in x86 store order): the floor benchmark's."""
+        if transport not in ("fenced", "dma", "pinned"):
+            raise ValueError(f"transport must be 'fenced', 'dma' or 'pinned', got {transport!r}")
         if n_requests < 2 or n_requests >= 1 << 15:
             raise ValueError(f"n_requests must be in 2..32767, got {n_requests}")
         if max_batch < 1 or max_batch >= 1 << 16:
@@ -167,11 +172,10 @@ class RequestRing:
         self.transport = transport
         self.host = _zeros((n_requests, self.payload_bytes), torch.uint8, cpu, pin)
         self.hdr_h = _zeros((n_requests * LINE,), torch.int64, cpu, pin)
-        if transport == "dma":
-            self.dev = torch.zeros((n_requests, self.payload_bytes), dtype=torch.uint8, device=dev)
-            self.hdr_d = torch.zeros(n_requests * LINE, dtype=torch.int64, device=dev)
-        else:
-            self.dev, self.hdr_d = self.host, self.hdr_h
+        self.dev = (self.host if transport == "pinned" else
+                    torch.zeros((n_requests, self.payload_bytes), dtype=torch.uint8, device=dev))
+        self.hdr_d = (torch.zeros(n_requests * LINE, dtype=torch.int64, device=dev) if transport == "dma"
+                      else self.hdr_h)
         self.out = _zeros((n_requests, max_batch, OUT_COLS), torch.float32, cpu, pin)
         self.ctrl = _zeros((2 * LINE,), torch.int64, cpu, pin)
         self.stop_h = _zeros((LINE,), torch.int64, cpu, pin)
@@ -189,6 +193,7 @@ class RequestRing:
         self._bucket_of = [0] + [next(i for i, b in enumerate(buckets) if b >= n) for n in range(1, mb + 1)]
         self._copy_bytes = [self._ids_bytes + b * rb for b in buckets]
         self._graphs: list[list] | None = None  # [slot][bucket index], captured by prepare()
+        self._copied = None  # fenced: one event per slot, recorded after its payload copy
         self.seq = 0  # requests submitted
 
     # ------------------------------------------------------------ device views (the kernels' arguments)
@@ -235,15 +240,28 @@ class RequestRing:
             raise RuntimeError(f"submit of {n} entries with {self.in_flight} requests in flight "
                                f"(at most {self.max_in_flight}; max_batch {self.max_batch})")
         k = (seq - 1) % self.n_requests
-        self._hdr_mv[k * LINE] = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)
-        if self._graphs is not None:
-            self._graphs[k][self._bucket_of[n]].replay()
-        elif self.transport == "dma":
+        hdr = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)
+        if self.transport == "pinned":
+            self._hdr_mv[k * LINE] = hdr  # last: x86 keeps store order
+        elif self._graphs is not None:
+            if self.transport == "dma":
+                self._hdr_mv[k * LINE] = hdr
+                self._graphs[k][self._bucket_of[n]].replay()
+            else:  # fenced: the header only once the payload copy has completed
+                self._graphs[k][self._bucket_of[n]].replay()
+                ev = self._copied[k]
+                ev.record()
+                while not ev.query():
+                    pass
+                self._hdr_mv[k * LINE] = hdr
+        else:
             if self.device.type == "cuda":
                 raise RuntimeError("RequestRing.prepare() was not called (the kernel's precompile does it)")
-            nb = self._copy_bytes[self._bucket_of[n]]
+            nb = self._copy_bytes[self._bucket_of[n]]  # CPU (interpreter tests): the copy, then the header
             self.dev[k, :nb] = self.host[k, :nb]
-            self.hdr_d[k * LINE] = self.hdr_h[k * LINE]
+            self._hdr_mv[k * LINE] = hdr
+            if self.hdr_d is not self.hdr_h:
+                self.hdr_d[k * LINE] = hdr
         self.seq = seq
         return seq
 
@@ -283,7 +301,7 @@ class RequestRing:
 
     def prepare(self) -> None:
         """Capture each slot's copy graphs (CUDA; once). Nothing may spin on the device yet."""
-        if self._graphs is not None or self.device.type != "cuda" or self.transport != "dma":
+        if self._graphs is not None or self.device.type != "cuda" or self.transport == "pinned":
             return
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -294,10 +312,13 @@ class RequestRing:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, stream=stream):
                     self.dev[k, :nb].copy_(self.host[k, :nb], non_blocking=True)
-                    self.hdr_d[k * LINE:k * LINE + 1].copy_(self.hdr_h[k * LINE:k * LINE + 1], non_blocking=True)
+                    if self.transport == "dma":
+                        self.hdr_d[k * LINE:k * LINE + 1].copy_(self.hdr_h[k * LINE:k * LINE + 1],
+                                                                non_blocking=True)
                 row.append(g)
             graphs.append(row)
         stream.synchronize()
+        self._copied = [torch.cuda.Event() for _ in range(self.n_requests)]
         self._graphs = graphs
 
     def raise_stop(self) -> None:
@@ -326,9 +347,12 @@ def _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ: tl.constexpr):
     want = (r + 1) & 0xFFFFFFFF
     hdr = tl.load(p, volatile=True)
     stop = tl.load(stop_ptr, volatile=True)
+    i = stop * 0
     while ((hdr & 0xFFFFFFFF) != want) & (stop == 0):  # scalars only: a while loop must not carry tensors
         hdr = tl.load(p, volatile=True)
-        stop = tl.load(stop_ptr, volatile=True)
+        i += 1
+        if (i & 63) == 0:  # the stop flag every 64th poll: one read per poll where they cross PCIe
+            stop = tl.load(stop_ptr, volatile=True)
     got = (hdr & 0xFFFFFFFF) == want
     kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
     n = ((hdr >> 32) & 0xFFFF).to(tl.int32)

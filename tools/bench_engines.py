@@ -102,9 +102,9 @@ def time_steps(eng, batch: int, steps: int, depth: int) -> np.ndarray:
 
 
 def floor(steps: int, transport: str) -> dict:
-    """The trivial persistent kernel behind the request ring: "dma" is the model kernels'
-    path (payload and header copied to the device by the ring's graph), "pinned" the kernel
-    polling pinned host memory in place (the floor the issue quotes)."""
+    """The trivial persistent kernel behind the request ring, per transport (kernels/persistent.py):
+    "fenced" is the engine's, "dma" copies the header too, "pinned" polls and reads pinned host
+    memory in place (the floor the issue quotes)."""
     from hft_infer.kernels.persistent import FloorKernel, RequestRing
 
     ring = RequestRing(64, n_requests=4, device="cuda", transport=transport)
@@ -160,7 +160,7 @@ def main() -> int:
     batches = [int(b) for b in a.batches.split(",")]
     models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = [{"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent", "batch": 1}
-            | floor(steps, t) for t in ("dma", "pinned")]
+            | floor(steps, t) for t in ("fenced", "dma", "pinned")]
     print(table(HEADERS, [_row(r) for r in rows]), flush=True)  # each row as it is measured: a timeout keeps them
     for preset, mode in models:
         for engine in a.engines.split(","):

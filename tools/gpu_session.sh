@@ -285,17 +285,18 @@ elif [ "$phase" = diag ]; then
   step diag_graph_inputs 90 $PY tools/diag_graph_inputs.py
   verbatim diag_persistent diag_persistent_graph diag_graph_inputs
 elif [ "$phase" = persistent ]; then
-  # the persistent engines behind the DMA request ring: correctness first, then speed, then end to end
-  step persistent_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernel_persistent.py \
+  # the persistent engines behind the request ring: which transport is right, correctness, speed, end to end
+  step diag_ring_order 150 $PY tools/diag_ring_order.py --variants graph,split+sync,ring5,fenced
+  step persistent_tests 130 $PY -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernel_persistent.py \
        tests/integration/test_gpu_engines.py -k "persistent or floor"
-  step diag_persistent 60 $PY tools/diag_persistent.py --engine persistent
-  step bench_engines 170 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window,lstm_b/window,lstm_a/stream \
+  step bench_engines 110 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window,lstm_b/window,lstm_a/stream \
        --batches 1,64 --json "$WORK/bench_engines.json"
-  [ -f tools/bench_shm.sh ] && step shm 150 env BUDGET_S=145 RUNS="floor persistent" ORDER="floor:iceoryx2:10000 \
-       floor:zmq:10000 persistent:iceoryx2:10000 persistent:zmq:10000 persistent:iceoryx2:100000 floor:iceoryx2:100000 \
+  step diag_persistent 40 $PY tools/diag_persistent.py --engine persistent
+  [ -f tools/bench_shm.sh ] && step shm 120 env BUDGET_S=115 RUNS="floor persistent" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 persistent:iceoryx2:100000 floor:iceoryx2:100000 \
        persistent:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
-  verbatim persistent_tests diag_persistent bench_engines shm
+  verbatim diag_ring_order persistent_tests bench_engines diag_persistent shm
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

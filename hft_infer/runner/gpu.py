@@ -252,6 +252,7 @@ class PersistentEngine(_GpuEngine):
     """Every model family served by a persistent kernel behind a request ring."""
 
     name = "persistent"
+    transport = "fenced"  # the request ring's (kernels/persistent.py); tools/diag_ring_order.py varies it
 
     def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
                  max_inflight: int = 4, max_programs: int | None = None) -> None:
@@ -264,7 +265,7 @@ class PersistentEngine(_GpuEngine):
         self.kstep = kstep
         # one ring slot more than requests in flight (the ring's rule: kernels/persistent.py)
         self.ring = RequestRing(max_batch, rows_per_entry=kstep.staged_rows, width=kstep.features,
-                                n_requests=max(2, max_inflight) + 1, device=kstep.device)
+                                n_requests=max(2, max_inflight) + 1, device=kstep.device, transport=self.transport)
         self.max_inflight = self.ring.n_requests  # buffers = ring slots; can_submit keeps one free
         # any batch size is served as is: no bucket padding
         super().__init__(list(range(1, self.ring.max_batch + 1)), sink_slot, stateful=kstep.stateful,

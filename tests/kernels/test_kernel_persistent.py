@@ -56,8 +56,9 @@ THR = (0.125, 0.0625)  # exact in fp32: kernel and float64 checks agree on which
 # --------------------------------------------------------------------------- the ring itself
 
 
-def test_ring_words_and_flow_control():
-    ring = RequestRing(3, rows_per_entry=2, width=5, n_requests=3)
+@pytest.mark.parametrize("transport", ["fenced", "dma", "pinned"])
+def test_ring_words_and_flow_control(transport):
+    ring = RequestRing(3, rows_per_entry=2, width=5, n_requests=3, transport=transport)
     assert ring.max_in_flight == 2 and ring.payload_bytes % 128 == 0
     slots, positions = ring.request_views(ring.next_slot)
     rows = ring.rows(ring.next_slot)

@@ -1,0 +1,125 @@
+"""Which part of the persistent engines' request path gives wrong results (issue 13; CUDA).
+
+    python tools/diag_ring_order.py [--presets mlp_small,lstm_a]
+
+At 59ceba3 (the DMA request ring) the kernel tests pass on the H200 host while the engine,
+driven one small request at a time, diverges from the CPU engine from the first reuse of a
+ring slot on (tools/diag_persistent.py: batches of one, 290-296 of 300 scores). This drives
+the service's persistent engine over the self-check stream in batches of one and as the
+self-check cuts it, under variants of the ring's submit, each against the CPU engine:
+
+  graph          as served: one captured graph copies payload, then the header word
+  graph+sync     the same, then the host waits for the copy stream (timing only)
+  split+sync     payload copy, host waits for it, then the header copy (the header cannot
+                 reach the device before the payload: if this one agrees and `graph` does
+                 not, the header overtakes the payload inside the graph)
+  ring5          as served with 5 ring slots instead of 3 (max_inflight 4)
+  fenced         the engine's transport: the host waits for the payload copy's event, then
+                 writes the header into pinned memory, which the lead polls
+
+Every variant but `fenced` runs the "dma" transport (header copied by the graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+
+from hft_infer.config import load_config
+from hft_infer.kernels.persistent import LINE
+from hft_infer.runner.gpu import PersistentEngine
+from hft_infer.runner.select import build_runtime
+from hft_infer.runner.self_check import check_stream, drive
+
+TOL = 1e-4
+N_SLOTS = 64
+
+
+def _runtime(preset: str, engine: str, extra: list[str] = ()):
+    device = "cpu" if engine == "eager" else "cuda"
+    cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', f'runner.engine="{engine}"',
+                             f'runner.device="{device}"', "runner.self_check=false",
+                             f"universe.instruments={N_SLOTS}", "scheduler.max_batch=64",
+                             "runner.buckets=[1, 2, 4, 8, 16, 32, 64]", *extra])
+    return build_runtime(cfg, N_SLOTS)
+
+
+def _split_sync(ring) -> None:
+    """Replace ring.submit: payload copy, wait for it on the host, then the header copy."""
+    stream = torch.cuda.current_stream()
+
+    def submit(n: int, kind: int = 0) -> int:
+        seq = ring.seq + 1
+        if seq - ring.answered > ring.max_in_flight:
+            raise RuntimeError("ring full")
+        k = (seq - 1) % ring.n_requests
+        ring._hdr_mv[k * LINE] = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)
+        nb = ring._copy_bytes[ring._bucket_of[n]]
+        ring.dev[k, :nb].copy_(ring.host[k, :nb], non_blocking=True)
+        stream.synchronize()
+        ring.hdr_d[k * LINE:k * LINE + 1].copy_(ring.hdr_h[k * LINE:k * LINE + 1], non_blocking=True)
+        ring.seq = seq
+        return seq
+
+    ring.submit = submit
+
+
+def _graph_sync(ring) -> None:
+    orig = ring.submit
+    stream = torch.cuda.current_stream()
+
+    def submit(n: int, kind: int = 0) -> int:
+        seq = orig(n, kind)
+        stream.synchronize()
+        return seq
+
+    ring.submit = submit
+
+
+VARIANTS = {"graph": ([], None), "graph+sync": ([], _graph_sync), "split+sync": ([], _split_sync),
+            "ring5": (["runner.max_inflight=4"], None), "fenced": ([], None)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", default="mlp_small,lstm_a")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("diag_ring_order: needs CUDA", file=sys.stderr)
+        return 2
+    for preset in args.presets.split(","):
+        ref = _runtime(preset, "eager")
+        data, slots, batches = check_stream(ref.store.width, N_SLOTS, 64)
+        ones = [1] * len(data)
+        want = {}
+        for name, cut in (("batch1", ones), ("served", batches)):
+            ref.engine.reset()
+            want[name], _ = drive(ref.engine, ref.store, data, slots, cut)
+        for variant in args.variants.split(","):
+            extra, patch = VARIANTS[variant]
+            PersistentEngine.transport = "fenced" if variant == "fenced" else "dma"
+            rt = _runtime(preset, "persistent", extra)
+            eng = rt.engine
+            if patch is not None:
+                patch(eng.ring)
+            try:
+                for name, cut in (("batch1", ones), ("served", batches)):
+                    eng.reset()
+                    got, _ = drive(eng, rt.store, data, slots, cut)
+                    diff = np.abs(got.astype(np.float64) - want[name])
+                    bad = np.flatnonzero(~(diff <= TOL))
+                    first = f", first at row {bad[0]}" if len(bad) else ""
+                    print(f"{preset:10s} {variant:11s} {name:7s} ring {eng.ring.n_requests}: {len(bad):4d} of "
+                          f"{len(got)} differ, largest {np.nanmax(diff):.3g}{first}", flush=True)
+            finally:
+                eng.close()
+            del rt, eng
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
