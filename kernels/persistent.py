@@ -143,14 +143,14 @@ class RequestRing:
     """
 
     def __init__(self, max_batch: int, *, rows_per_entry: int = 1, width: int = 1, n_requests: int = 4,
-                 device: torch.device | str = "cpu", transport: str = "fenced") -> None:
+                 device: torch.device | str = "cpu", transport: str = "dma") -> None:
         """transport:
-        "fenced" (the engine's): the payload by a copy graph to the device; the host waits for
-            that copy's event, then writes the header into pinned memory, which the lead polls
-            (one PCIe read per poll): the header cannot be seen before the payload.
-        "dma": payload, then header, both by the copy graph, the lead polling device memory
-            (faster, but on the H200 host the header was seen before the payload of small
-            requests: tools/diag_ring_order.py).
+        "dma" (the engine's): payload, then header, both by the slot's copy graph; the lead
+            polls the device header in L2.
+        "fenced": the payload by the copy graph; the host waits for that copy's event, then
+            writes the header into pinned memory, which the lead polls (one PCIe read per
+            poll): the header cannot be seen before the payload. Built to test whether it
+            was (tools/diag_ring_order.py: it was not); ~10 µs slower than "dma".
         "pinned": the kernel polls and reads the pinned host copies in place (UVA; the
             payload is written before the header, in x86 store order): the floor benchmark's."""
         if transport not in ("fenced", "dma", "pinned"):

@@ -14,23 +14,31 @@ self-check cuts it, under variants of the ring's submit, each against the CPU en
                  reach the device before the payload: if this one agrees and `graph` does
                  not, the header overtakes the payload inside the graph)
   ring5          as served with 5 ring slots instead of 3 (max_inflight 4)
-  fenced         the engine's transport: the host waits for the payload copy's event, then
-                 writes the header into pinned memory, which the lead polls
+  fenced         the host waits for the payload copy's event, then writes the header into
+                 pinned memory, which the lead polls
+  one-group      as served, with one row group per hidden block (LSTM: max_programs = blocks)
+  slow-host      as served, with 300 µs between a request's answer and the next submit
 
-Every variant but `fenced` runs the "dma" transport (header copied by the graph).
+Every variant but `fenced` runs the "dma" transport (header copied by the graph). Presets may
+name a mode: lstm_a/stream.
+
+Measured at 231792d (H200 host, 10:36 UTC): graph, split+sync and fenced alike diverge in the
+single-request stream from the first reuse of a ring slot (lstm_a: row 3 with 3 slots, row 5
+with 5), so the header does not overtake the payload: the fault is elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 import torch
 
 from hft_infer.config import load_config
 from hft_infer.kernels.persistent import LINE
-from hft_infer.runner.gpu import PersistentEngine
+from hft_infer.runner.gpu import KernelStep, PersistentEngine
 from hft_infer.runner.select import build_runtime
 from hft_infer.runner.self_check import check_stream, drive
 
@@ -40,6 +48,8 @@ N_SLOTS = 64
 
 def _runtime(preset: str, engine: str, extra: list[str] = ()):
     device = "cpu" if engine == "eager" else "cuda"
+    preset, _, mode = preset.partition("/")
+    extra = [*extra, f'model.mode="{mode}"'] if mode else list(extra)
     cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', f'runner.engine="{engine}"',
                              f'runner.device="{device}"', "runner.self_check=false",
                              f"universe.instruments={N_SLOTS}", "scheduler.max_batch=64",
@@ -79,8 +89,19 @@ def _graph_sync(ring) -> None:
     ring.submit = submit
 
 
+def _slow_host(ring) -> None:
+    orig = ring.submit
+
+    def submit(n: int, kind: int = 0) -> int:
+        time.sleep(3e-4)
+        return orig(n, kind)
+
+    ring.submit = submit
+
+
 VARIANTS = {"graph": ([], None), "graph+sync": ([], _graph_sync), "split+sync": ([], _split_sync),
-            "ring5": (["runner.max_inflight=4"], None), "fenced": ([], None)}
+            "ring5": (["runner.max_inflight=4"], None), "fenced": ([], None), "one-group": ([], None),
+            "slow-host": ([], _slow_host)}
 
 
 def main() -> int:
@@ -102,7 +123,14 @@ def main() -> int:
         for variant in args.variants.split(","):
             extra, patch = VARIANTS[variant]
             PersistentEngine.transport = "fenced" if variant == "fenced" else "dma"
-            rt = _runtime(preset, "persistent", extra)
+            orig_persistent = KernelStep.persistent
+            if variant == "one-group":
+                KernelStep.persistent = lambda self, ring, max_programs=None, _orig=orig_persistent: _orig(
+                    self, ring, max_programs=getattr(self.w, "n_blocks", None))
+            try:
+                rt = _runtime(preset, "persistent", extra)
+            finally:
+                KernelStep.persistent = orig_persistent
             eng = rt.engine
             if patch is not None:
                 patch(eng.ring)

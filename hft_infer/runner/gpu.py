@@ -252,7 +252,7 @@ class PersistentEngine(_GpuEngine):
     """Every model family served by a persistent kernel behind a request ring."""
 
     name = "persistent"
-    transport = "fenced"  # the request ring's (kernels/persistent.py); tools/diag_ring_order.py varies it
+    transport = "dma"  # the request ring's (kernels/persistent.py); tools/diag_ring_order.py varies it
 
     def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
                  max_inflight: int = 4, max_programs: int | None = None) -> None:

@@ -156,6 +156,7 @@ class Model:
         self.gather = RowGather(self.ring_h, max_batch=max_batch, rows_per_entry=g)
         self.thr = torch.tensor(THR, device=dev)
         self.held = torch.zeros(self.n_slots, dtype=torch.int32, device=dev)
+        self.kernel_held = torch.zeros(self.n_slots, dtype=torch.int32)  # the GPU check's copy, from answers
         if case.family == "mlp":
             self.params = params if params is not None else make_mlp(case.levels, case.window, (20, 10), gen)
             # one program under the interpreter: one column block, one input split
@@ -365,7 +366,7 @@ def _gpu_child(name: str) -> None:
                 ref = {k: model.reference(k, kind, slots, positions) for k in model.refs}
                 k = model.fill(slots, positions)
                 seq = ring.submit(len(slots), kind)
-                pending.append((seq, k, kind, len(slots), n_real, ref, prev))
+                pending.append((seq, k, kind, slots, n_real, ref, prev))
         while pending:
             served, worst = _check_oldest(model, pending, served, worst, tol)
     finally:
@@ -378,13 +379,22 @@ def _gpu_child(name: str) -> None:
 
 
 def _check_oldest(model: Model, pending: list, served: int, worst: float, tol: float):
-    seq, k, kind, n, n_real, ref, prev = pending.pop(0)
+    """Check the oldest pending request. The kernel's action must follow its own score and its
+    own held position before the step, which is its last action for the slot (the policy's
+    state): `model.kernel_held`, kept here from the answers in order. Under bf16 it may differ
+    from the fp32 reference's after a borderline score, legitimately."""
+    seq, k, kind, slots, n_real, ref, prev = pending.pop(0)
     model.ring.wait(seq, timeout_s=5.0)
+    sl = torch.tensor(slots)
     if kind == KIND_STEP:
-        out = torch.from_numpy(model.ring.outputs(k)[:n].copy())
-        e = check_out(out, ref["f64"], tol, n_real, prev_held=prev["fp32"], ref_prev_held=prev["f64"], thr=THR,
+        out = torch.from_numpy(model.ring.outputs(k)[:len(slots)].copy())
+        own_prev = model.kernel_held[sl].clone()
+        e = check_out(out, ref["f64"], tol, n_real, prev_held=own_prev, ref_prev_held=prev["f64"], thr=THR,
                       what=f"request {seq}: kernel vs float64")
+        model.kernel_held[sl[:n_real]] = out[:n_real, 1].to(torch.int32)
         worst = max(worst, e["logits"])
+    else:
+        model.kernel_held[sl] = 0
     return served + 1, worst
 
 
