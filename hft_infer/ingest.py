@@ -306,6 +306,17 @@ class Ingest(IngestColdPaths):
                 continue
             last_seq[slot] = seq
             pos = count[slot]
+            count[slot] = pos + 1
+            if typ is Quote:
+                q_slot(slot)
+                q_pos(pos)
+                q_i(i)
+                table = class_q
+            else:
+                t_slot(slot)
+                t_pos(pos)
+                t_i(i)
+                table = class_t
             if sequential:
                 t_recv = recvs[i]
                 # deadline origin (perf_counter_ns): the publisher's send time when it gave one
@@ -315,9 +326,8 @@ class Ingest(IngestColdPaths):
                         origin = t_recv
                 else:
                     origin = t_recv
-                table = class_q if typ is Quote else class_t
                 cls = table[slot] if prio < 0 else self._class(prio, slot, table)
-                # queued with the chunk (Scheduler.push_many), the position taken as if it will be
+                # queued with the chunk (Scheduler.push_many), its position taken as if it will be
                 p_append((slot, pos, seq, cls, t_recv, origin, ts_send, t_recv - origin > max_age))
             else:
                 nb = b_n[slot]
@@ -326,15 +336,6 @@ class Ingest(IngestColdPaths):
                 b_n[slot] = nb + 1
                 b_last[slot] = i
                 b_pos[slot] = pos
-            count[slot] = pos + 1
-            if typ is Quote:
-                q_slot(slot)
-                q_pos(pos)
-                q_i(i)
-            else:
-                t_slot(slot)
-                t_pos(pos)
-                t_i(i)
         self._flush_burst()
         return events
 
