@@ -4,6 +4,9 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py [--n 50000] [--baseline REF] [--json out.json]
 
+REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
+and scheduler.py (for a machine without the repository's .git).
+
 Rows (median of --reps repetitions):
 
   ingest, burst        Stepper.ingest (Ingest.drain) over a socket pre-filled with --n quotes (64 instruments):
@@ -69,8 +72,13 @@ def load_baseline(ref: str):
     root = Path(__file__).resolve().parent.parent
     d = Path(tempfile.mkdtemp(prefix="hft-hp-base-", dir="/tmp"))
     for name in ("ingest_cold", "ingest", "scheduler"):
-        got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
-                             text=True)
+        if Path(ref).is_dir():  # a copy of REF's hft_infer/ (a machine without the repository's .git)
+            f = Path(ref) / f"{name}.py"
+            got = subprocess.CompletedProcess([], 0 if f.is_file() else 1, f.read_text() if f.is_file() else "",
+                                              f"{f}: not a file")
+        else:
+            got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
+                                 text=True)
         if got.returncode:
             if name != "ingest_cold":
                 raise SystemExit(f"bench_hotpath: no hft_infer/{name}.py at {ref}: {got.stderr.strip()}")
@@ -305,7 +313,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--baseline", metavar="REF", help="also measure the ingest of git REF (e.g. main), interleaved")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="also measure the ingest of git REF (e.g. main; or a folder: see above), interleaved")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
