@@ -35,9 +35,12 @@ its n_conflated) if it is already older than scheduler.max_age_us. So past the s
 capacity a stale or superseded event costs its read, decode, checks and its share of one
 numpy row write, and no scheduler push, answer or model step.
 
-Sequential (stateful) models: every accepted event is queued in order, at once (no room ->
-QUEUE_FULL, its row NOT written and its position not taken, so the model's state never has
-a hole it does not know about); a stale one is queued apply-only (decision withheld).
+Sequential (stateful) models: every accepted event is queued, in feed order, with its chunk:
+the loop takes its position and appends push's arguments, and the chunk goes to the scheduler
+in one `Scheduler.push_many` call before its rows are written (no room -> QUEUE_FULL, its row
+NOT written and its position given back, so the model's state never has a hole it does not
+know about: push_many says why a refused event's position is free to give back); a stale one
+is queued apply-only (decision withheld).
 
 Framing costs one RCVMORE flag read per message (after the payload), and stays exact: a lone
 frame that is not 4 bytes, a lone 4-byte frame with nothing behind it (recv raises Again),
@@ -128,6 +131,7 @@ class Ingest(IngestColdPaths):
         self._t_slot: list[int] = []
         self._t_pos: list[int] = []
         self._t_i: list[int] = []
+        self._p_events: list[tuple] = []  # sequential: the chunk's accepted events, push's arguments
         self._msgs: list = []
         self._recvs: list[int] = []
         self._books: np.ndarray | None = None
@@ -252,7 +256,7 @@ class Ingest(IngestColdPaths):
         last_seq = self.last_seq
         sched = self.sched
         sequential = sched.sequential
-        push = sched.push
+        p_append = self._p_events.append
         max_age = self.max_age_ns
         class_q, class_t = self.class_q, self.class_t
         b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
@@ -302,6 +306,17 @@ class Ingest(IngestColdPaths):
                 continue
             last_seq[slot] = seq
             pos = count[slot]
+            count[slot] = pos + 1
+            if typ is Quote:
+                q_slot(slot)
+                q_pos(pos)
+                q_i(i)
+                table = class_q
+            else:
+                t_slot(slot)
+                t_pos(pos)
+                t_i(i)
+                table = class_t
             if sequential:
                 t_recv = recvs[i]
                 # deadline origin (perf_counter_ns): the publisher's send time when it gave one
@@ -311,11 +326,9 @@ class Ingest(IngestColdPaths):
                         origin = t_recv
                 else:
                     origin = t_recv
-                table = class_q if typ is Quote else class_t
                 cls = table[slot] if prio < 0 else self._class(prio, slot, table)
-                if push(slot, pos, seq, cls, t_recv, origin, ts_send, t_recv - origin > max_age) == NO_REQUEST:
-                    self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
-                    continue
+                # queued with the chunk (Scheduler.push_many), its position taken as if it will be
+                p_append((slot, pos, seq, cls, t_recv, origin, ts_send, t_recv - origin > max_age))
             else:
                 nb = b_n[slot]
                 if not nb:
@@ -323,15 +336,6 @@ class Ingest(IngestColdPaths):
                 b_n[slot] = nb + 1
                 b_last[slot] = i
                 b_pos[slot] = pos
-            count[slot] = pos + 1
-            if typ is Quote:
-                q_slot(slot)
-                q_pos(pos)
-                q_i(i)
-            else:
-                t_slot(slot)
-                t_pos(pos)
-                t_i(i)
         self._flush_burst()
         return events
 
@@ -404,10 +408,16 @@ class Ingest(IngestColdPaths):
         return 1
 
     def _flush_burst(self) -> None:
-        """Write the rows accepted so far in this chunk, then (conflating) queue or shed the
-        newest event of each slot they touched. Also called by cold paths mid-chunk."""
+        """Sequential: queue the chunk's events (one push_many); then write the rows accepted
+        so far in this chunk; then, conflating, queue or shed the newest event of each slot they
+        touched. Also called by cold paths mid-chunk."""
         store = self.store
         msgs = self._msgs
+        if self._p_events:
+            refused = self.sched.push_many(self._p_events)
+            if refused:  # QUEUE_FULL: shed, their rows not written and their positions given back
+                self._refused(refused)
+            self._p_events.clear()
         q_i = self._q_i
         if q_i:
             books = self._books

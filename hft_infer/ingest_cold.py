@@ -81,6 +81,26 @@ class IngestColdPaths:
             a.ts_send.extend([msgs[i].ts_send_ns for i in idx])
             a.ts_recv.extend([recvs[i] + offset for i in idx])
 
+    def _refused(self, refused: list[int]) -> None:
+        """Sequential: the events of the chunk that Scheduler.push_many refused (indices into
+        `_p_events`) are shed QUEUE_FULL, as received and not applied: their rows are taken
+        out of the chunk's writes and their positions given back (the refused events of a slot
+        are its last ones in the chunk, push_many says why, so its count goes back to the
+        first one's position)."""
+        events, count, offset = self._p_events, self.store.count, self._offset
+        gone = set()
+        for j in refused:
+            slot, pos, seq, _, t_recv, _, ts_send, _ = events[j]
+            self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)
+            gone.add((slot, pos))
+            if pos < count[slot]:
+                count[slot] = pos
+        for slots, positions, index in ((self._q_slot, self._q_pos, self._q_i), (self._t_slot, self._t_pos, self._t_i)):
+            kept = [w for w in zip(slots, positions, index) if (w[0], w[1]) not in gone]
+            slots[:] = [w[0] for w in kept]
+            positions[:] = [w[1] for w in kept]
+            index[:] = [w[2] for w in kept]
+
     def _class(self, prio: int, slot: int, table: list[int]) -> int:
         if not self.honour_priority:
             return table[slot]

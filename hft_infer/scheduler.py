@@ -234,6 +234,63 @@ class Scheduler:
             raise AssertionError("scheduler needs conflate or sequential")
         return rid
 
+    def push_many(self, events: list[tuple]) -> list[int]:
+        """Sequential models: queue a chunk of events in order, exactly as `push(*event)` for
+        each in turn would (the same request ids, table, slot and class FIFOs, aging bases and
+        counters). An event is push's positional arguments, `(slot, pos, seq, cls, recv_ns,
+        origin_ns, send_epoch_ns, stale)`. Returns the indices of the events refused (push's
+        NO_REQUEST: the caller sheds them as QUEUE_FULL), in order; usually none.
+
+        Nothing leaves the queues within a call, so a slot's room and the free ids only shrink:
+        the events refused are, for each slot, its last ones in the chunk (and, once the ids run
+        out, every later one). A caller can therefore take every event's position in advance,
+        as if all were queued, and give back only the refused ones'.
+
+        The loop is push's sequential branch inlined for events that cannot be refused (the call
+        per event is what this saves: ~0.4-0.8 µs on the dev VM): the ids that the pushes would
+        pop are taken at once, and from the first event that push might refuse (its slot full,
+        or no id left for it) the rest go through `push` itself, so that refusal is decided in
+        one place. tests/unit/test_scheduler_push_many.py holds the two to the same state."""
+        if not self.sequential:
+            raise ValueError("push_many: sequential models only")
+        k = len(events)
+        free = self._free
+        nf = len(free)
+        take = k if k <= nf else nf
+        rids = free[nf - take:]
+        rids.reverse()  # the order push pops them in
+        del free[nf - take:]
+        max_pending = self.max_pending
+        s_len, s_head, s_ring, s_queued = self.s_len, self.s_head, self.s_ring, self.s_queued
+        r_slot, r_pos, r_seq, r_cls = self.r_slot, self.r_pos, self.r_seq, self.r_cls
+        r_recv, r_origin, r_send, r_nconf, r_stale = (self.r_recv_ns, self.r_origin_ns, self.r_send_epoch_ns,
+                                                      self.r_nconf, self.r_stale)
+        done = take
+        for rid, (slot, pos, seq, cls, recv_ns, origin_ns, send_ns, stale) in zip(rids, events):
+            n = s_len[slot]
+            if n >= max_pending:  # push may refuse it: it and the rest one by one, below
+                done = rids.index(rid)
+                break
+            r_slot[rid] = slot
+            r_pos[rid] = pos
+            r_seq[rid] = seq
+            r_cls[rid] = cls
+            r_recv[rid] = recv_ns
+            r_origin[rid] = origin_ns
+            r_send[rid] = send_ns
+            r_nconf[rid] = 0
+            r_stale[rid] = stale
+            s_ring[slot][(s_head[slot] + n) % max_pending] = rid
+            s_len[slot] = n + 1
+            if not s_queued[slot]:
+                self._enqueue_slot(slot, cls, recv_ns)
+        self.pending += done
+        if done == k:
+            return []
+        free.extend(reversed(rids[done:]))  # the ids not used, back as push would find them
+        push = self.push
+        return [j for j in range(done, k) if push(*events[j]) == NO_REQUEST]
+
     def count_conflated(self, n: int) -> None:
         """Events conflated into a trigger that was shed at ingest (stale, or no room): the
         scheduler owns the conflated counter, whoever did the conflating."""

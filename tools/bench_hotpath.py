@@ -4,15 +4,18 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py [--n 50000] [--baseline REF] [--json out.json]
 
+REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
+and scheduler.py (for a machine without the repository's .git).
+
 Rows (median of --reps repetitions):
 
   ingest, burst        Stepper.ingest (Ingest.drain) over a socket pre-filled with --n quotes (64 instruments):
                        recv topic + payload, decode, checks, sequence, feature rows, queueing;
                        conflating (default model) with fresh and with stale events (ts_send_ns long
                        past), and sequential. With --baseline REF the same rows for the ingest of git
-                       REF (its hft_infer/ingest.py, loaded in place of ours; same store, scheduler,
-                       sockets), repetitions interleaved so that a busy machine hits both alike,
-                       and the ratio
+                       REF (its hft_infer/ingest.py, ingest_cold.py and scheduler.py, loaded in place
+                       of ours; same store, sockets), repetitions interleaved so that a busy machine
+                       hits both alike, and the ratio
   ... parts            recv pair, + RCVMORE, decode, the book check (big-int per event; numpy per
                        burst), field reads
   publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 64
@@ -42,6 +45,7 @@ import numpy as np
 import zmq
 from benchlib import table, write_json
 
+import hft_infer.channels as channels_module
 import hft_infer.service as service_module
 from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
@@ -61,31 +65,42 @@ def quotes(n: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, b
              encode(Quote(i % N_INST, i // N_INST, 0, ts_send_ns, levels, pack_book(lv[i % 16])))) for i in range(n)]
 
 
-def load_ingest(ref: str):
-    """The Ingest class of git REF's hft_infer/ingest.py (and its ingest_cold.py, where it has one)."""
+def load_baseline(ref: str):
+    """The Ingest and Scheduler classes of git REF: its hft_infer/ingest.py, ingest_cold.py (where
+    it has one) and scheduler.py, under private names, so that the baseline is REF's whole
+    ingest path (the scheduler's push is part of the sequential row)."""
     root = Path(__file__).resolve().parent.parent
     d = Path(tempfile.mkdtemp(prefix="hft-hp-base-", dir="/tmp"))
-    for name in ("ingest_cold", "ingest"):
-        got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
-                             text=True)
+    for name in ("ingest_cold", "ingest", "scheduler"):
+        if Path(ref).is_dir():  # a copy of REF's hft_infer/ (a machine without the repository's .git)
+            f = Path(ref) / f"{name}.py"
+            got = subprocess.CompletedProcess([], 0 if f.is_file() else 1, f.read_text() if f.is_file() else "",
+                                              f"{f}: not a file")
+        else:
+            got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
+                                 text=True)
         if got.returncode:
-            if name == "ingest":
-                raise SystemExit(f"bench_hotpath: no hft_infer/ingest.py at {ref}: {got.stderr.strip()}")
+            if name != "ingest_cold":
+                raise SystemExit(f"bench_hotpath: no hft_infer/{name}.py at {ref}: {got.stderr.strip()}")
             continue
-        # the baseline's own cold paths, under a private name
+        # the baseline's own cold paths, under a private name (NO_REQUEST stays ours: the same -1)
         text = got.stdout.replace("from hft_infer.ingest_cold import", "from _base_ingest_cold import")
         (d / f"_base_{name}.py").write_text(text)
     sys.path.insert(0, str(d))
-    spec = importlib.util.spec_from_file_location("_base_ingest", d / "_base_ingest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.Ingest
+    classes = []
+    for name, cls in (("ingest", "Ingest"), ("scheduler", "Scheduler")):
+        spec = importlib.util.spec_from_file_location(f"_base_{name}", d / f"_base_{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        classes.append(getattr(mod, cls))
+    return tuple(classes)
 
 
 class Rig:
     """A Service on a private runtime dir, its feed bound here (the service connects)."""
 
-    def __init__(self, overrides: list[str], ingest_cls=None) -> None:
+    def __init__(self, overrides: list[str], baseline=None) -> None:
+        """`baseline`: (Ingest, Scheduler) classes to build the service with (load_baseline)."""
         self.runtime = tempfile.mkdtemp(prefix="hft-hp-", dir="/tmp")
         os.environ["HFT_INFER_RUNTIME_DIR"] = self.runtime
         self.cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
@@ -94,13 +109,17 @@ class Rig:
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.bind(f"ipc://{self.runtime}/hft-infer-md.sock")
-        self.svc = Service(self.cfg)
-        own = service_module.Ingest
-        service_module.Ingest = ingest_cls or own  # open_sockets builds the ingest: the baseline's
+        own = channels_module.Ingest, service_module.Scheduler
+        # Service() builds the scheduler, and open_sockets the ingest of the class that
+        # channels.open_ingest names (for the zmq transport, channels.Ingest): the baseline's, if given
+        channels_module.Ingest, service_module.Scheduler = baseline or own
         try:
+            self.svc = Service(self.cfg)
             self.svc.open_sockets(self.ctx)
         finally:
-            service_module.Ingest = own
+            channels_module.Ingest, service_module.Scheduler = own
+        if baseline is not None:  # the swap took (a rig that measured our own code twice would not say)
+            assert type(self.svc.ingest) is baseline[0] and type(self.svc.sched) is baseline[1]
         self.svc.warm_up()
         # as Service.run does: freeze what survived set-up and collect only young objects, at
         # reset (the service's housekeeping); automatic collections mid-burst are not what it runs
@@ -294,11 +313,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--baseline", metavar="REF", help="also measure the ingest of git REF (e.g. main), interleaved")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="also measure the ingest of git REF (e.g. main; or a folder: see above), interleaved")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
-    base_cls = load_ingest(a.baseline) if a.baseline else None
+    base_cls = load_baseline(a.baseline) if a.baseline else None
     frames = quotes(a.n)
     stale = quotes(a.n, ts_send_ns=1)
     for name, overrides, feed in (("conflating (default mlp_small), fresh", [], frames),
