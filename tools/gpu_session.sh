@@ -297,6 +297,22 @@ elif [ "$phase" = persistent ]; then
        persistent:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
   verbatim diag_ring_order persistent_tests bench_engines diag_persistent shm
+elif [ "$phase" = wave4 ]; then
+  # wave 4's landing re-check (one call): GPU tests, engines, the persistent diagnostics, e2e, per-event costs
+  custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
+  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
+  step bench_engines 70 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
+       --batches 1,64 --json "$WORK/bench_engines.json"
+  step diag_ring_order 80 $PY tools/diag_ring_order.py --presets lstm_a,lstm_a/stream,mlp_small \
+       --variants graph,one-group,slow-host
+  bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
+  step hotpath 30 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
+  [ -f tools/bench_shm.sh ] && step shm 70 env BUDGET_S=65 RUNS="floor persistent" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000" bash tools/bench_shm.sh "$WORK/shm"
+  summarize
+  verbatim gpu_tests bench_engines diag_ring_order hotpath shm
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
