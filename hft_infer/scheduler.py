@@ -266,10 +266,10 @@ class Scheduler:
         r_recv, r_origin, r_send, r_nconf, r_stale = (self.r_recv_ns, self.r_origin_ns, self.r_send_epoch_ns,
                                                       self.r_nconf, self.r_stale)
         done = take
-        for rid, (slot, pos, seq, cls, recv_ns, origin_ns, send_ns, stale) in zip(rids, events):
+        for j, (rid, (slot, pos, seq, cls, recv_ns, origin_ns, send_ns, stale)) in enumerate(zip(rids, events)):
             n = s_len[slot]
             if n >= max_pending:  # push may refuse it: it and the rest one by one, below
-                done = rids.index(rid)
+                done = j
                 break
             r_slot[rid] = slot
             r_pos[rid] = pos

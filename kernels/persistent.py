@@ -1,4 +1,4 @@
-"""(~470 lines: the ring's host API, its device half and the floor kernel are one protocol,
+"""(~580 lines: the ring's host API, its device half and the floor kernel are one protocol,
 kept in one file so that the layout is defined once.)
 
 Host side shared by every persistent model kernel: the request ring, the kernel's life
@@ -8,14 +8,14 @@ helpers, and the trivial floor kernel (request in, answer out).
 Why the requests travel by DMA (measured on the H200 host, docs/notes/kernels.md): a
 kernel's reads of pinned host memory are served about one PCIe transaction at a time,
 ~1 µs each, and the first persistent kernels, which read their rows from the host feature
-ring in place, both paid that per row and gave wrong results on some requests. So no
-kernel reads a request from host memory: the host fills a request slot's pinned payload,
-writes its header word, and one CUDA graph of two copy nodes moves the payload to the
-slot's device buffer and *then* the header word to the device header (the second copy
-starts after the first has completed, so a kernel that sees the header sees the
-payload). The kernel polls the device header in L2 and reads the payload from device
-memory. Its answers go the other way as plain stores into pinned memory (posted PCIe
-writes), then the done counter.
+ring in place, both paid that per row and gave wrong results on some requests. So under
+the engine's transport ("dma"; `RequestRing` names the other two) no kernel reads a
+request from host memory: the host fills a request slot's pinned payload, writes its
+header word, and one CUDA graph of two copy nodes moves the payload to the slot's device
+buffer and *then* the header word to the device header (the second copy starts after the
+first has completed, so a kernel that sees the header sees the payload). The kernel polls
+the device header in L2 and reads the payload from device memory. Its answers go the other
+way as plain stores into pinned memory (posted PCIe writes), then the done counter.
 
 Request ring (`RequestRing`), R >= 2 slots (default 4):
 
@@ -27,8 +27,9 @@ Request ring (`RequestRing`), R >= 2 slots (default 4):
               pinned host copy (written first) and the device copy the kernel polls
     out       float32 pinned [R, max_batch, OUT_COLS]   result slot k (score, action, 3 logits)
     ctrl      int64 pinned [2 * LINE]   ctrl[DONE]: requests answered (the kernel writes)
-    stop      int64 [LINE], the stop flag: pinned host copy and the device copy the lead polls
-              beside the header (raise_stop() copies it over); a pending request is served first
+    stop      int64 [LINE], the stop flag: pinned host copy and the device copy the lead reads
+              every 64th poll of the header (raise_stop() copies it over); a pending request is
+              served first
 
 Request seq s (1, 2, 3, ...) uses slot k = (s - 1) % R. The hot loop fills slots[:n],
 positions[:n] and rows[:n] of the slot in place (numpy views), then `submit(n, kind)`
@@ -318,7 +319,8 @@ class RequestRing:
                 row.append(g)
             graphs.append(row)
         stream.synchronize()
-        self._copied = [torch.cuda.Event() for _ in range(self.n_requests)]
+        if self.transport == "fenced":
+            self._copied = [torch.cuda.Event() for _ in range(self.n_requests)]
         self._graphs = graphs
 
     def raise_stop(self) -> None:
@@ -343,7 +345,7 @@ def _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ: tl.constexpr):
     """Lead program: wait for request r+1 (r requests served so far) in the device header;
     returns (kind, n), kind KIND_STOP once the stop flag is up and request r+1 has not
     arrived (a pending request is served first)."""
-    p = hdr_ptr + (r % NREQ) * 16
+    p = hdr_ptr + (r % NREQ) * LINE_C
     want = (r + 1) & 0xFFFFFFFF
     hdr = tl.load(p, volatile=True)
     stop = tl.load(stop_ptr, volatile=True)

@@ -24,7 +24,8 @@ name a mode: lstm_a/stream.
 
 Measured at 231792d (H200 host, 10:36 UTC): graph, split+sync and fenced alike diverge in the
 single-request stream from the first reuse of a ring slot (lstm_a: row 3 with 3 slots, row 5
-with 5), so the header does not overtake the payload: the fault is elsewhere.
+with 5), so the header does not overtake the payload: the fault is elsewhere. At 3520d9b
+one-group, slow-host and stream mode diverge alike (lstm_a 292 of 300 each).
 """
 
 from __future__ import annotations
@@ -35,26 +36,11 @@ import time
 
 import numpy as np
 import torch
+from diag_persistent import N_SLOTS, TOL, _runtime
 
-from hft_infer.config import load_config
 from hft_infer.kernels.persistent import LINE
 from hft_infer.runner.gpu import KernelStep, PersistentEngine
-from hft_infer.runner.select import build_runtime
 from hft_infer.runner.self_check import check_stream, drive
-
-TOL = 1e-4
-N_SLOTS = 64
-
-
-def _runtime(preset: str, engine: str, extra: list[str] = ()):
-    device = "cpu" if engine == "eager" else "cuda"
-    preset, _, mode = preset.partition("/")
-    extra = [*extra, f'model.mode="{mode}"'] if mode else list(extra)
-    cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', f'runner.engine="{engine}"',
-                             f'runner.device="{device}"', "runner.self_check=false",
-                             f"universe.instruments={N_SLOTS}", "scheduler.max_batch=64",
-                             "runner.buckets=[1, 2, 4, 8, 16, 32, 64]", *extra])
-    return build_runtime(cfg, N_SLOTS)
 
 
 def _split_sync(ring) -> None:

@@ -47,8 +47,9 @@ def _pinned(shape, dtype) -> torch.Tensor:
 
 
 class KernelStep:
-    """One model's weights, device state and fused step, reading rows from `ring_h` (the
-    pinned host feature ring [n_slots + 1, depth, F])."""
+    """One model's weights, device state and fused step. Its rows come from `ring_h` (the pinned
+    host feature ring [n_slots + 1, depth, F]) as the engines stage them (`staged_rows` per
+    entry); no kernel reads the ring in place."""
 
     def __init__(self, model, *, mode: str, window_method: str, ring_h: torch.Tensor, max_batch: int,
                  precision: str, threshold: float, hysteresis: float, device: str) -> None:
