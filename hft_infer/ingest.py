@@ -68,10 +68,11 @@ import numpy as np
 import zmq
 
 from hft_infer.clock import perf_ns
+from hft_infer.ingest_batch import EventBatchPaths
 from hft_infer.ingest_cold import IngestColdPaths
 from hft_infer.scheduler import NO_REQUEST
 from hft_infer.transport.codec import FLOAT_LIMIT, TS_LIMIT, IngressDecoder, _high_byte_masks, topic_for
-from hft_infer.transport.schema import BYTES_PER_LEVEL, Kind, Quote, Reason, Trade
+from hft_infer.transport.schema import BYTES_PER_LEVEL, EventBatch, Kind, Quote, Reason, Trade
 
 # plain ints: enum flags build an enum per use
 _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
@@ -84,14 +85,14 @@ BULK_MIN = 16
 _BAD_HIGH = 0x7F000000  # a little-endian float32 with a high byte >= 0x7F is >= this as a uint32
 
 
-class Ingest(IngestColdPaths):
+class Ingest(EventBatchPaths, IngestColdPaths):
     """Owns the ingest socket's drain loop; writes into the feature store and the scheduler it
     is given and answers through `answers` (egress.Answers)."""
 
     def __init__(self, sock: zmq.Socket, *, instrument_ids: list[int], store, sched, acct, answers, clock,
                  topic_frame: bool, max_frame_bytes: int, max_levels: int, model_levels: int, max_age_us: int,
                  class_by_slot_kind: list[list[int]], honour_message_priority: bool, classes: int,
-                 publish_shed: bool, publish_rejected: bool, on_reset) -> None:
+                 publish_shed: bool, publish_rejected: bool, on_reset, max_batch_frame_bytes: int = 65536) -> None:
         self.sock = sock
         self.ids = instrument_ids
         self.slot_of = {iid: s for s, iid in enumerate(instrument_ids)}
@@ -103,6 +104,7 @@ class Ingest(IngestColdPaths):
         self.clock = clock
         self.topic_frame = topic_frame
         self.max_frame_bytes = max_frame_bytes
+        self.max_batch_frame_bytes = max(max_batch_frame_bytes, max_frame_bytes)
         self.max_levels = max_levels
         self.levels = model_levels
         self.max_age_ns = max_age_us * 1000
@@ -136,6 +138,7 @@ class Ingest(IngestColdPaths):
         self._recvs: list[int] = []
         self._books: np.ndarray | None = None
         self._offset = 0
+        self._init_batches()
 
     # ------------------------------------------------------------------ hot path
 
@@ -195,7 +198,7 @@ class Ingest(IngestColdPaths):
                 if payload.more:
                     events += self._framing(None, payload, perf_ns(), offset)
                     continue
-            if len(payload) > max_frame:
+            if len(payload) > max_frame and not self._batch_sized(payload):
                 events += 1
                 self._reject(OVERSIZED, None, None, perf_ns(), offset)
                 continue
@@ -210,22 +213,31 @@ class Ingest(IngestColdPaths):
                 t_first: int) -> None:
         """Phases 2 and 3 of a burst of `n` frames read (the same for every transport): decode,
         handle, count; `events` were counted by the read phase's cold branches."""
-        k = len(pays)
-        if k:
+        if pays:
             try:
                 msgs = list(map(self._decode, pays))
             except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError: not our schema
                 msgs = self._decode_each(pays, recvs, offset)
-            chunk = self._chunk
-            if k == 1:  # the usual burst below saturation: no chunk machinery (same outcome)
-                events += self._handle_one(msgs[0], tops[0], recvs[0], offset)
-            elif k <= chunk:
-                events += self._handle(msgs, tops, recvs, offset)
+            if len(msgs) == 1 and type(msgs[0]) is not EventBatch:  # the usual burst below saturation
+                events += self._handle_one(msgs[0], tops[0], recvs[0], offset)  # no chunk machinery
+            elif EventBatch in set(map(type, msgs)):  # ingest_batch.py: handled as columns
+                events += self._handle_mixed(msgs, tops, recvs, offset)
             else:
-                for c in range(0, k, chunk):
-                    events += self._handle(msgs[c:c + chunk], tops[c:c + chunk], recvs[c:c + chunk], offset)
+                events += self._handle_frames(msgs, tops, recvs, offset)
         self.acct.received += events
-        self.burst_ns = (perf_ns() - t_first) // n
+        self.burst_ns = (perf_ns() - t_first) // max(n, events)  # per event (a EventBatch holds many)
+
+    def _handle_frames(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
+        """Decoded single-event frames (and heartbeats, resets, failures), in chunks of at most the
+        ring depth; returns the events in them."""
+        k = len(msgs)
+        chunk = self._chunk
+        if k <= chunk:
+            return self._handle(msgs, tops, recvs, offset)
+        events = 0
+        for c in range(0, k, chunk):
+            events += self._handle(msgs[c:c + chunk], tops[c:c + chunk], recvs[c:c + chunk], offset)
+        return events
 
     def _handle(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
         """Validate, sequence and take positions for a chunk, then write and queue it; returns
@@ -504,7 +516,7 @@ class ShmIngest(Ingest):
             if payload is None:
                 break
             n += 1
-            if len(payload) > max_frame:
+            if len(payload) > max_frame and not self._batch_sized(payload):
                 events += 1
                 self._reject(OVERSIZED, None, None, perf_ns(), offset)
                 continue

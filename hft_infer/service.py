@@ -48,8 +48,8 @@ from hft_infer.runner.worker import WorkerEngine
 from hft_infer.scheduler import Scheduler
 from hft_infer.stepper import Stepper
 from hft_infer.transport import sockets
-from hft_infer.transport.codec import topic_for
-from hft_infer.transport.schema import SERVICE_TOPIC_ID, Kind, Reason
+from hft_infer.transport.codec import feed_topics
+from hft_infer.transport.schema import Kind, Reason
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
 STALE = int(Reason.STALE)
@@ -132,8 +132,8 @@ class Service:
         self.ctx = ctx or zmq.Context()
         allow = cfg.security.allow_remote
         topics = None
-        if cfg.ingest.topic_frame and cfg.ingest.transport == "zmq":  # instruments and the service topic
-            topics = [topic_for(i) for i in self.instrument_ids] + [topic_for(SERVICE_TOPIC_ID)]
+        if cfg.ingest.topic_frame and cfg.ingest.transport == "zmq":  # instruments, service and batch topics
+            topics = feed_topics(self.instrument_ids)
         egr = channels.open_egress(cfg, self.ctx, curve=curve_egress)
         self.egress_sock, self.endpoints["decisions"] = egr.sock, egr.address
         ing = channels.open_ingest(cfg, self.ctx, topics=topics, curve=curve_ingest)
@@ -160,7 +160,8 @@ class Service:
         self.ingest = ing.cls(
             self.ingest_sock, instrument_ids=self.instrument_ids, store=self.store, sched=self.sched,
             acct=self.acct, answers=self.egress.answers, clock=self.clock, topic_frame=ing.topic_frame,
-            max_frame_bytes=cfg.ingest.max_frame_bytes, max_levels=cfg.ingest.max_levels,
+            max_frame_bytes=cfg.ingest.max_frame_bytes, max_batch_frame_bytes=cfg.ingest.max_batch_frame_bytes,
+            max_levels=cfg.ingest.max_levels,
             model_levels=self.levels, max_age_us=sc.max_age_us, class_by_slot_kind=self.class_table,
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,
             publish_shed=cfg.egress.publish_shed, publish_rejected=cfg.egress.publish_rejected,

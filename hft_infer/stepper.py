@@ -8,10 +8,16 @@ Owned by the Service (service.py), which calls, once per loop iteration:
     stepper.flush()       everything answered this iteration, in one egress flush
 
 Steps complete in submission order (a FIFO of `_Batch`). While a step is in
-flight the loop ingests at most `inflight_rows` frames beyond what it had when
-that step was submitted: the feature ring is sized for it (runner/select.py),
-so no row an in-flight step reads is ever overwritten; past that the loop
-waits for the step. Bursts read while a step is in flight are also shorter,
+flight on an engine that reads the feature ring while in flight
+(`runner.cpu_worker`), the loop ingests at most `inflight_rows` events beyond
+what it had when that step was submitted: the ring is sized for it
+(runner/select.py), so no row the step reads is overwritten; past that the
+loop waits for the step. (The burst budget is in frames, so an EventBatch
+frame read last can carry the count past the allowance by its size: with
+cpu_worker, an instrument that receives more than the allowance within one
+step can have a row overwritten under the worker; docs/notes/ingest.md.) The
+GPU engines copy a step's rows into their staging at submit and need no
+guard. Bursts read while a step is in flight are also shorter,
 `max(16, ingest.max_drain // 8)` frames (32 by default): the loop looks at
 the step again after each, so a finished step is collected, answered and
 followed by the next within ~100 µs of ingest rather than a whole burst's
@@ -35,10 +41,10 @@ STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 
 
 class _Batch:
-    __slots__ = ("rids", "t_submit", "frames_mark")
+    __slots__ = ("rids", "t_submit", "events_mark")
 
-    def __init__(self, rids: list[int], t_submit: int, frames_mark: int) -> None:
-        self.rids, self.t_submit, self.frames_mark = rids, t_submit, frames_mark
+    def __init__(self, rids: list[int], t_submit: int, events_mark: int) -> None:
+        self.rids, self.t_submit, self.events_mark = rids, t_submit, events_mark
 
 
 class Stepper:
@@ -53,7 +59,7 @@ class Stepper:
         self.inflight_drain = max(16, max_drain // 8)  # burst cap while a step is in flight (docstring)
         self.publish_shed = publish_shed
         self.inflight: collections.deque[_Batch] = collections.deque()
-        self.frames = 0  # frames ingested since start (the in-flight ring guard counts these)
+        self.frames = 0  # frames ingested since start
         self.last_batch = 0
         self._service_recv: list[int] = []  # receive times of events decided since the last flush
         self._t_collect = 0
@@ -63,7 +69,9 @@ class Stepper:
         budget = self.max_drain
         if self.inflight:
             budget = min(budget, self.inflight_drain)
-            room = self.inflight_rows - (self.frames - self.inflight[0].frames_mark)
+        if self.inflight and self.engine.reads_ring_in_flight:
+            # events (rows), not frames: an EventBatch frame carries many; rejected ones count too
+            room = self.inflight_rows - (self.acct.received - self.inflight[0].events_mark)
             if room < budget:
                 if room <= 0:  # the oldest step still reads rows the next burst could overwrite
                     self.complete(wait=True)
@@ -94,7 +102,7 @@ class Stepper:
             positions[:n] = g(sched.r_pos)
         t = perf_ns()
         self.engine.submit(n)
-        self.inflight.append(_Batch(rids, t, self.frames))
+        self.inflight.append(_Batch(rids, t, self.acct.received))
         self.acct.batches += 1
         self.last_batch = n
         while self.inflight and self.engine.poll():  # a CPU engine is done already: answer now

@@ -28,6 +28,20 @@ Frames are encoded before the run. The publisher's `ts_send_ns` field is
 patched in place just before each send (the frame was encoded with a
 sentinel that msgpack writes as a fixed 9-byte uint64, so its offset is
 known), which costs one `struct.pack_into` instead of an encode per event.
+
+Batched frames (`feed_batch` > 1, `bench`/`replay --feed-batch N`): when the
+pacer is due to send and later events are already due too (it fell behind:
+above ~20-50k events/s a sleeping pacer always has), it sends up to N of
+them as one EventBatch frame (transport/schema.py) built from the feed's
+columns (`FeedColumns`, slices of them: no per-event Python), each with the
+batch's send time; an event due alone goes out as its own frame, as without
+the option. Like a feed handler that batches under load, it sends at most one
+frame per `feed_batch_us` (100 µs by default): an event due sooner than that
+after the last frame waits for the rest due by then, so at 600k events/s the
+frames hold ~60 events, and below ~10k events/s nearly every event still goes
+alone and at once. Each event's actual send time is still recorded, so lateness and
+tick-to-decision count the wait for the batch. Quotes of another depth than
+the feed's and captured frames are never batched.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ from __future__ import annotations
 import gc
 import struct
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,8 +59,8 @@ import zmq
 
 from hft_infer.clock import perf_ns
 from hft_infer.replay.events import KIND_QUOTE
-from hft_infer.transport.codec import topic_for
-from hft_infer.transport.schema import Quote, Trade
+from hft_infer.transport.codec import BATCH_TOPIC, topic_for
+from hft_infer.transport.schema import BYTES_PER_LEVEL, EventBatch, Quote, Trade
 from hft_infer.transport.shm import ShmPublisher
 
 TS_SENTINEL = 0x7FFF_FFFF_FFFF_FFF0
@@ -84,20 +99,91 @@ def as_fast_as_possible(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.int64)
 
 
+# an EventBatch's bytes beside its columns (msgpack array, tag, n, n_levels and 10 bin headers)
+BATCH_OVERHEAD_BYTES = 64
+# instrument, seq, ts_exchange_ns, ts_send_ns, priority, kind, price, size, side
+EVENT_BATCH_BYTES_PER_EVENT = 4 + 8 + 8 + 8 + 1 + 1 + 8 + 8 + 1
+_COLUMNS = ("instrument", "seq", "ts_exchange_ns", "priority", "kind", "price", "size", "side", "book")
+
+
+def max_batch_events(levels: int, max_frame_bytes: int) -> int:
+    """The most events of `levels` levels an EventBatch frame of at most `max_frame_bytes` holds."""
+    per_event = EVENT_BATCH_BYTES_PER_EVENT + levels * BYTES_PER_LEVEL
+    return max(1, (max_frame_bytes - BATCH_OVERHEAD_BYTES) // per_event)
+
+
+@dataclass(eq=False)
+class FeedColumns:
+    """The feed's events as EventBatch columns (bytes, one row per event, in feed order), for a
+    pacer that batches; `batchable[i]`: event i is a trade or a quote of `levels` levels. The
+    optional columns are b"" where the feed does not need them (no priorities, no trades)."""
+
+    levels: int
+    batchable: np.ndarray  # bool per event
+    instrument: bytes  # uint32 LE per event
+    seq: bytes  # uint64 LE
+    ts_exchange_ns: bytes  # int64 LE
+    priority: bytes  # int8, or b""
+    kind: bytes  # uint8 Kind, or b"" (no trades); price, size, side with it
+    price: bytes  # float64
+    size: bytes  # float64
+    side: bytes  # int8
+    book: bytes  # float32, levels * 4 per event (trades: zeros)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FeedColumns) and all(
+            np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+            for a, b in zip(vars(self).values(), vars(other).values()))
+
+    @classmethod
+    def of_events(cls, events: np.ndarray) -> FeedColumns:
+        levels = events.dtype["book"].shape[0]
+        prio = events["priority"]
+        is_trade = events["kind"] != KIND_QUOTE
+        has_trades = bool(is_trade.any())
+
+        def col(name: str, dt: str) -> bytes:
+            return events[name].astype(dt).tobytes() if has_trades else b""
+        book = np.ascontiguousarray(events["book"], dtype="<f4").copy()
+        book[is_trade] = 0.0  # a trade's row is ignored on the wire
+        return cls(levels, is_trade | (events["n_levels"] == levels),
+                   events["instrument"].astype("<u4").tobytes(), events["seq"].astype("<u8").tobytes(),
+                   events["ts_exchange_ns"].astype("<i8").tobytes(),
+                   b"" if (prio == -1).all() else prio.astype("i1").tobytes(),
+                   col("kind", "u1"), col("price", "<f8"), col("size", "<f8"), col("side", "i1"), book.tobytes())
+
+    def batch(self, i: int, j: int, ts_send_ns: int) -> EventBatch:
+        """Events i..j-1 (all batchable) as one EventBatch sent at `ts_send_ns`."""
+        n = j - i
+        book = self.levels * 16
+        wide = 8 if self.kind else 0  # the trade columns are there or all empty
+        narrow = 1 if self.kind else 0
+        return EventBatch(n, self.levels, self.instrument[4 * i:4 * j], self.seq[8 * i:8 * j],
+                          self.ts_exchange_ns[8 * i:8 * j], _I64.pack(ts_send_ns) * n, self.book[book * i:book * j],
+                          self.priority[i:j], self.kind[narrow * i:narrow * j], self.price[wide * i:wide * j],
+                          self.size[wide * i:wide * j], self.side[narrow * i:narrow * j])
+
+
+_I64 = struct.Struct("<q")
+
+
 @dataclass
 class EncodedFeed:
-    """Wire frames ready to send: topics, payloads (bytearray) and the ts_send offsets."""
+    """Wire frames ready to send: topics, payloads (bytearray) and the ts_send offsets; with
+    `columns`, the same events as EventBatch columns for a batching pacer."""
 
     topics: list[bytes]
     payloads: list[bytearray]
     ts_offsets: list[int]  # byte offset of the uint64 ts_send_ns value in each payload (-1: none)
+    columns: FeedColumns | None = None
 
     def __len__(self) -> int:
         return len(self.payloads)
 
 
 def encode_feed(events: np.ndarray) -> EncodedFeed:
-    """Encode an event table into frames whose ts_send_ns can be patched at send time.
+    """Encode an event table into frames whose ts_send_ns can be patched at send time, and its
+    columns (a pacer with feed_batch > 1 sends them as EventBatch frames when several are due).
 
     The same messages as `events.to_message` builds, from columns read once
     into Python lists (a numpy scalar per field and row made it ~3x slower:
@@ -124,7 +210,7 @@ def encode_feed(events: np.ndarray) -> EncodedFeed:
         topics.append(topic)
         payloads.append(payload)
         offsets.append(off + 1 if off >= 0 else -1)
-    return EncodedFeed(topics, payloads, offsets)
+    return EncodedFeed(topics, payloads, offsets, FeedColumns.of_events(events))
 
 
 def feed_from_frames(frames: list[tuple[bytes, bytes]]) -> EncodedFeed:
@@ -148,15 +234,24 @@ def save_feed(path: str, feed: EncodedFeed, offsets_ns: np.ndarray) -> None:
     """Write the frames and their intended offsets for a pacer process (`load_feed`)."""
     t_blob, t_len = _pack(feed.topics)
     p_blob, p_len = _pack(feed.payloads)
+    cols = {}
+    c = feed.columns
+    if c is not None:
+        cols = {"col_levels": np.int64(c.levels), "col_batchable": c.batchable,
+                **{f"col_{name}": np.frombuffer(getattr(c, name), dtype=np.uint8) for name in _COLUMNS}}
     np.savez(path, topic_blob=t_blob, topic_len=t_len, payload_blob=p_blob, payload_len=p_len,
-             ts_offsets=np.asarray(feed.ts_offsets, dtype=np.int64), offsets_ns=offsets_ns.astype(np.int64))
+             ts_offsets=np.asarray(feed.ts_offsets, dtype=np.int64), offsets_ns=offsets_ns.astype(np.int64), **cols)
 
 
 def load_feed(path: str) -> tuple[EncodedFeed, np.ndarray]:
     with np.load(path) as z:
         topics = _unpack(z["topic_blob"], z["topic_len"])
         payloads = _unpack(z["payload_blob"], z["payload_len"], bytearray)
-        return EncodedFeed(topics, payloads, z["ts_offsets"].tolist()), z["offsets_ns"].copy()
+        columns = None
+        if "col_levels" in z:
+            columns = FeedColumns(int(z["col_levels"]), z["col_batchable"].copy(),
+                                  **{name: z[f"col_{name}"].tobytes() for name in _COLUMNS})
+        return EncodedFeed(topics, payloads, z["ts_offsets"].tolist(), columns), z["offsets_ns"].copy()
 
 
 def direct_send(sock):
@@ -200,12 +295,21 @@ class Pacer:
     def __init__(self, sock: zmq.Socket, feed: EncodedFeed, offsets_ns: np.ndarray, *, topic_frame: bool = True,
                  progress_hook: Callable[[int, int], object] | None = None,
                  progress_interval_s: float = 1.0, spin: bool = True,
-                 idle_hook: Callable[[], object] | None = None) -> None:
+                 idle_hook: Callable[[], object] | None = None, feed_batch: int = 1,
+                 feed_batch_us: float = 100.0) -> None:
         """`idle_hook`: work to do in this thread while waiting (a collector sharing it);
         it delays every decision it reads while the pacer is busy sending, which is why
-        `bench`/`replay` run their collector as a process of its own."""
+        `bench`/`replay` run their collector as a process of its own. `feed_batch`: send up to
+        this many events that are due together as one EventBatch frame (needs `feed.columns`),
+        and no more than one frame per `feed_batch_us` (a frame due sooner waits for the rest)."""
         if len(feed) != offsets_ns.shape[0]:
             raise ValueError("one intended offset per frame")
+        if feed_batch < 1:
+            raise ValueError("feed_batch must be >= 1")
+        if feed_batch > 1 and (feed.columns is None or idle_hook is not None):
+            raise ValueError("feed_batch > 1 needs the feed's columns (encode_feed) and no idle hook")
+        self.feed_batch = feed_batch
+        self.feed_batch_ns = int(feed_batch_us * 1000)
         self.sock = sock
         self.feed = feed
         self.offsets = offsets_ns.astype(np.int64)
@@ -230,7 +334,9 @@ class Pacer:
         gc.disable()
         try:
             start = perf_ns() + start_delay_ns if start_mono_ns is None else start_mono_ns
-            return self._run(start) if self.idle_hook is None else self._run_shared(start)
+            if self.idle_hook is not None:
+                return self._run_shared(start)
+            return self._run_batched(start) if self.feed_batch > 1 else self._run(start)
         finally:
             gc.enable()
             gc.unfreeze()
@@ -270,6 +376,85 @@ class Pacer:
             send(payload, 0, True, False)
             record(now)
             if now >= next_progress:  # about once a second: the only non-send work in the loop
+                next_progress = now + interval
+                if progress is not None:
+                    progress(len(actual), n)
+                if self._stop:
+                    break
+        sent = len(actual)
+        actual += [0] * (n - sent)
+        elapsed = (actual[sent - 1] - actual[0]) / 1e9 if sent else 0.0
+        return PaceResult(intended, np.asarray(actual, dtype=np.int64), sent, max(elapsed, 1e-9))
+
+    def _run_batched(self, start: int) -> PaceResult:
+        """`_run`, except that events already due when one is sent go with it, up to feed_batch of
+        them, as one EventBatch frame (a run of batchable quotes; anything else alone)."""
+        n = len(self.feed)
+        intended = self.offsets + start
+        targets = intended.tolist()
+        actual: list[int] = []
+        record, extend = actual.append, actual.extend
+        send = direct_send(self.sock)
+        SNDMORE = int(zmq.SNDMORE)
+        pack_into = _U64.pack_into
+        time_ns = time.time_ns
+        sleep = time.sleep
+        encode = msgspec.msgpack.Encoder().encode
+        cols = self.feed.columns
+        make_batch = cols.batch
+        # the first event at or after each one that cannot be batched (a batch stops before it)
+        stop = np.flatnonzero(~cols.batchable)
+        stop_at = np.append(stop, n)[np.searchsorted(stop, np.arange(n), side="right")].tolist()
+        batchable = cols.batchable.tolist()
+        topics, payloads, ts_offsets = self.feed.topics, self.feed.payloads, self.feed.ts_offsets
+        most = self.feed_batch
+        gap = self.feed_batch_ns
+        last_send = -gap
+        progress = self.progress_hook
+        interval = self.progress_interval_ns
+        next_progress = start + interval
+        topic_frame = self.topic_frame
+        spin = self.spin
+        i = 0
+        while i < n:
+            target = targets[i]
+            now = perf_ns()
+            if now < target:
+                if spin:
+                    while now < target:
+                        if target - now > SLEEP_THRESHOLD_NS:
+                            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
+                        now = perf_ns()
+                else:
+                    while now < target:
+                        sleep((target - now) / 1e9)
+                        now = perf_ns()
+            if now - last_send < gap and batchable[i]:  # a frame went out just now: gather until gap
+                hold = last_send + gap
+                while now < hold:
+                    if not spin:
+                        sleep((hold - now) / 1e9)
+                    now = perf_ns()
+            last_send = now
+            j = i + 1
+            if batchable[i]:  # every event due by now, up to `most` and the next unbatchable one
+                j = max(j, bisect_right(targets, now, i, min(i + most, stop_at[i])))
+            if j - i > 1:
+                if topic_frame:
+                    send(BATCH_TOPIC, SNDMORE, True, False)
+                send(encode(make_batch(i, j, time_ns())), 0, True, False)
+                extend([now] * (j - i))
+            else:
+                payload = payloads[i]
+                off = ts_offsets[i]
+                if off >= 0:
+                    pack_into(payload, off, time_ns())
+                if topic_frame:
+                    send(topics[i], SNDMORE, True, False)
+                send(payload, 0, True, False)
+                record(now)
+            i = j
+            if now >= next_progress:
                 next_progress = now + interval
                 if progress is not None:
                     progress(len(actual), n)

@@ -31,9 +31,9 @@ import zmq
 
 from hft_infer.clock import perf_ns
 from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, set_timer_slack, zmq_context
-from hft_infer.replay.pacer import Pacer, load_feed
+from hft_infer.replay.pacer import BATCH_OVERHEAD_BYTES, EVENT_BATCH_BYTES_PER_EVENT, Pacer, load_feed
 from hft_infer.transport.codec import SERVICE_TOPIC, encode
-from hft_infer.transport.schema import ALL_INSTRUMENTS, Reset
+from hft_infer.transport.schema import ALL_INSTRUMENTS, BYTES_PER_LEVEL, Reset
 from hft_infer.transport.shm import ShmPublisher, service_of
 from hft_infer.transport.sockets import EndpointError, bind
 
@@ -51,18 +51,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin", action="store_true")
     ap.add_argument("--no-topic-frame", action="store_true")
     ap.add_argument("--reset-first", action="store_true", help="send a Reset of every instrument first")
+    ap.add_argument("--feed-batch", type=int, default=1,
+                    help="send up to N events that are due together as one EventBatch frame (default 1: none)")
+    ap.add_argument("--feed-batch-us", type=float, default=100.0,
+                    help="with --feed-batch: at most one frame per this many µs (default 100)")
     a = ap.parse_args(argv)
     slack = set_timer_slack()
     ctx = zmq_context(parse_cores(a.io_cores))
     placed = pin_self(a.core)
-    log(f"pacer: {'spin' if a.spin else 'sleep'}, {placed}, io cores {a.io_cores or '-'}, "
-        f"timer slack {'1 ns' if slack else 'default'}")
     feed, offsets = load_feed(a.feed)
+    if a.feed_batch > 1 and feed.columns is None:
+        log(f"pacer: --feed-batch {a.feed_batch} ignored: the feed has no columns (captured frames go as captured)")
+        a.feed_batch = 1
+    log(f"pacer: {'spin' if a.spin else 'sleep'}, {placed}, io cores {a.io_cores or '-'}, "
+        f"timer slack {'1 ns' if slack else 'default'}, feed batch {a.feed_batch}")
     service = service_of(a.endpoint)
     try:
         if service is not None:
             # RetryUntilDelivered: never drop, as SNDHWM 0 below (a slow service shows up as latency)
-            pub = ShmPublisher(service, buffer=a.shm_buffer, max_frame_bytes=max(map(len, feed.payloads), default=64),
+            largest = max(map(len, feed.payloads), default=64)
+            if a.feed_batch > 1 and feed.columns is not None:
+                largest = max(largest, BATCH_OVERHEAD_BYTES + a.feed_batch * (
+                    EVENT_BATCH_BYTES_PER_EVENT + feed.columns.levels * BYTES_PER_LEVEL))
+            pub = ShmPublisher(service, buffer=a.shm_buffer, max_frame_bytes=largest,
                                block=True, role="pacer")
             a.no_topic_frame = True
         else:
@@ -107,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.reset_first:
         _send_reset(pub, topic_frame=not a.no_topic_frame)
-    res = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin,
-                progress_hook=progress).run(start_mono_ns=go)
+    res = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin, progress_hook=progress,
+                feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us).run(start_mono_ns=go)
     np.savez(a.out, intended=res.intended_mono_ns, actual=res.actual_mono_ns, sent=np.int64(res.sent),
              elapsed_s=np.float64(res.elapsed_s))
     reply("done", res.sent)

@@ -45,7 +45,7 @@ SHED_LIMIT = 0.01  # capacity: shed at most this share of the events
 
 
 def run_bench(rate: float, duration: float, config: str | None, sets: list[str], work: Path,
-              python: str = sys.executable, label: str = "", with_floor: bool = False) -> dict:
+              python: str = sys.executable, label: str = "", with_floor: bool = False, feed_batch: int = 1) -> dict:
     """One `hft-infer bench` run; its summary (accounting, stages, tick_to_decision, rates; with
     `with_floor`, the null service's run on the same feed first, under "floor")."""
     out = work / f"bench-{label}{int(rate)}-{duration:g}.json"
@@ -53,6 +53,8 @@ def run_bench(rate: float, duration: float, config: str | None, sets: list[str],
            "--json", str(out), "--run-dir", str(work / f"run-{label}{int(rate)}-{duration:g}")]
     if with_floor:
         cmd.append("--with-floor")
+    if feed_batch > 1:
+        cmd += ["--feed-batch", str(feed_batch)]
     if config:
         cmd += ["-c", config]
     for s in sets:
@@ -134,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-floor", action="store_true",
                     help="run each point against the null service first (bench --with-floor): the harness "
                          "floor's tick p99 from the same run beside the service's")
+    ap.add_argument("--feed-batch", type=int, default=1, metavar="N",
+                    help="bench --feed-batch N: events due together go as one EventBatch frame (default 1)")
     ap.add_argument("--json", help="write the points, capacity and verdicts here (with provenance)")
     ap.add_argument("--plot", help="write the goodput curve as a PNG here")
     a = ap.parse_args(argv)
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for k, rate in enumerate(rates):
             for v, py in (variants if k % 2 == 0 else variants[::-1]):
-                r = run_bench(rate, a.duration, a.config, a.set, work, py, v, a.with_floor)
+                r = run_bench(rate, a.duration, a.config, a.set, work, py, v, a.with_floor, a.feed_batch)
                 sweep[v].append(point(r, a.duration))
                 print(v, table(ROW_HEADERS, [_row(sweep[v][-1])]).splitlines()[-1], file=sys.stderr, flush=True)
         caps = {v: capacity(sweep[v]) for v, _ in variants}
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cap is None:
                     continue
                 p = point(run_bench(m * cap["offered"], a.overload_duration, a.config, a.set, work, py, v,
-                                    a.with_floor),
+                                    a.with_floor, a.feed_batch),
                           a.overload_duration)
                 achieved_multiple = (p["achieved"] or p["offered"]) / cap["offered"]
                 p |= {"multiple": m, "achieved_multiple": achieved_multiple,
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(sweep["this"] + over["this"], caps["this"], a.plot)
     if a.json:
         doc = {"sweep": sweep["this"], "capacity": caps["this"], "overload": over["this"],
-               "config": a.config, "sets": a.set, "criterion": CRITERION}
+               "config": a.config, "sets": a.set, "criterion": CRITERION, "feed_batch": a.feed_batch}
         if a.baseline_python:
             doc["baseline"] = {"python": a.baseline_python, "sweep": sweep["baseline"],
                                "capacity": caps["baseline"], "overload": over["baseline"]}

@@ -7,6 +7,7 @@
 #   tools/gpu_session.sh final     # a landing commit's re-check after `land` ran on its engines
 #   tools/gpu_session.sh diag      # tools/diag_persistent.py (persistent and graph), diag_graph_inputs.py
 #   tools/gpu_session.sh persistent  # the persistent engines: GPU tests, diag, engines, e2e over both transports
+#   tools/gpu_session.sh wave5     # issue 12's landing check: GPU tests, e2e per frame and over EventBatch, goodput
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -313,6 +314,20 @@ elif [ "$phase" = wave4 ]; then
        persistent:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
   verbatim gpu_tests bench_engines diag_ring_order hotpath shm
+elif [ "$phase" = wave5 ]; then
+  # wave 5's landing check of issue 12 (one call): GPU engine tests, the e2e headline at 10k/100k beside
+  # its floor, the same over EventBatch frames, the goodput curve over EventBatch frames, per-event costs
+  custom=$(ls tests/integration/test_gpu_custom_model.py 2>/dev/null)
+  step gpu_tests 130 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py
+  bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
+  bench gpu_100k_batched 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1 --feed-batch 256
+  step overload 130 $PY tools/bench_overload.py --rates 20000,50000,100000,200000,500000 --duration 2 \
+       --overload 3,10 --overload-duration 3 --feed-batch 256 --json "$WORK/overload.json" --plot "$WORK/goodput.png"
+  step hotpath 30 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --json "$WORK/hotpath.json"
+  summarize
+  verbatim gpu_tests overload hotpath
+  cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

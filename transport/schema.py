@@ -25,6 +25,7 @@ TAG_QUOTE = 1
 TAG_TRADE = 2
 TAG_HEARTBEAT = 3
 TAG_RESET = 4
+TAG_EVENT_BATCH = 5
 TAG_DECISION = 16
 TAG_STATUS = 17
 TAG_DECISION_BATCH = 18
@@ -118,6 +119,54 @@ class Reset(msgspec.Struct, tag=TAG_RESET, array_like=True, frozen=True, gc=Fals
     instrument: int = ALL_INSTRUMENTS  # one instrument id, or ALL_INSTRUMENTS
 
 
+class EventBatch(msgspec.Struct, tag=TAG_EVENT_BATCH, array_like=True, frozen=True, gc=False):
+    """`n` events (quotes, and trades where `kind` says so) in one frame, columnar: the same
+    events as `n` Quote / Trade frames sent in this order, row i of every column being event i,
+    for a publisher that has several events to send at once (a feed handler catching up, a
+    replay past ~50k events/s). Each column is a msgpack bin of `n` packed little-endian values
+    (EVENT_BATCH_COLUMNS); `book` is the `n` rows' level blocks back to back (n * n_levels * 16
+    bytes; a trade's row is ignored: send zeros). The optional columns are empty or `n` values:
+    `priority` empty = -1 for every event (the config decides); `kind` empty = every event is a
+    quote, and then `price`, `size`, `side` are empty too, else all three hold `n` values (a
+    quote's ignored). On a topic-framed socket the topic frame is BATCH_TOPIC_ID; each event is
+    checked, sequenced, counted and answered as if it had come alone under its instrument's
+    topic (an instrument outside the service's universe, e.g. another shard's, is rejected
+    UNKNOWN_INSTRUMENT: publish one batch per shard). A frame whose columns do not match `n`
+    and `n_levels` is one DECODE_ERROR."""
+
+    n: int  # events in the batch (>= 1)
+    n_levels: int  # levels of every quote's book
+    # bins, decoded as memoryviews into the receive buffer (no copy), as Quote.book
+    instrument: memoryview  # uint32 LE
+    seq: memoryview  # uint64 LE
+    ts_exchange_ns: memoryview  # int64 LE
+    ts_send_ns: memoryview  # int64 LE, publisher's send time (CLOCK_REALTIME ns; 0 = not given)
+    book: memoryview  # n * n_levels * 4 little-endian float32: bid_px, bid_size, ask_px, ask_size per level
+    priority: memoryview = memoryview(b"")  # empty, or n int8: scheduling class (-1 = use config)
+    kind: memoryview = memoryview(b"")  # empty (all quotes), or n uint8: Kind (0 quote, 1 trade)
+    price: memoryview = memoryview(b"")  # with kind: n float64, a trade's price
+    size: memoryview = memoryview(b"")  # with kind: n float64, a trade's size
+    side: memoryview = memoryview(b"")  # with kind: n int8, a trade's aggressor (+1 buyer, -1 seller)
+
+
+EVENT_BATCH_COLUMNS = (
+    ("instrument", "<u4"),
+    ("seq", "<u8"),
+    ("ts_exchange_ns", "<i8"),
+    ("ts_send_ns", "<i8"),
+)
+"""Column name and numpy dtype of the EventBatch columns every batch fills (book apart)."""
+
+EVENT_BATCH_OPTIONAL_COLUMNS = (
+    ("priority", "i1"),
+    ("kind", "u1"),
+    ("price", "<f8"),
+    ("size", "<f8"),
+    ("side", "i1"),
+)
+"""Column name and numpy dtype of the optional EventBatch columns (empty, or n values)."""
+
+
 class Decision(msgspec.Struct, tag=TAG_DECISION, array_like=True, frozen=True, gc=False):
     instrument: int
     seq: int  # sequence number of the event that triggered (or was shed/rejected)
@@ -195,5 +244,5 @@ DECISION_BATCH_COLUMNS = (
 """Column name and numpy dtype of every DecisionBatch column, in wire order."""
 
 
-IngressMessage = Quote | Trade | Heartbeat | Reset
+IngressMessage = Quote | Trade | Heartbeat | Reset | EventBatch
 EgressMessage = Decision | Status | DecisionBatch

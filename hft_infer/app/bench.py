@@ -192,7 +192,8 @@ def run(args: argparse.Namespace):
         def driver(load, target, run_dir, **kw):
             return drive_shards(load, target, args.shards, run_dir, collectors=args.shard_collectors, **kw), None, None
     out, stats, _ = run_with_floor(load, target, run_dir, with_floor=args.with_floor, label="bench",
-                                   quiet=args.quiet, harness=HarnessOptions(args.pacer, args.collectors),
+                                   quiet=args.quiet, harness=HarnessOptions(args.pacer, args.collectors,
+                                                                          feed_batch=args.feed_batch),
                                    extra={"rate_offered": args.rate, "duration_s": args.duration,
                                           "warmup_s": args.warmup, "instruments": n_inst}, drive=driver)
     text = json.dumps(out, indent=2)

@@ -58,8 +58,8 @@ from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames
-from hft_infer.replay.pacer import save_feed
-from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, message_tag, topic_for
+from hft_infer.replay.pacer import max_batch_events, save_feed
+from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, feed_topics, message_tag, topic_for
 from hft_infer.transport.schema import TAG_STATUS
 from hft_infer.transport.sockets import bind
 from hft_infer.transport.stats import decode_snapshot
@@ -125,6 +125,7 @@ class HarnessOptions:
     pacer: str = "auto"  # auto | spin | sleep
     collectors: int = 1
     reset_first: bool = False  # a Reset of every instrument before the first event (replay)
+    feed_batch: int = 1  # most events the pacer sends as one EventBatch frame when they are due together
 
 
 def machine_info() -> dict:
@@ -150,6 +151,14 @@ def source_commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return r.stdout.strip() if r.returncode == 0 else "unknown"
+
+
+def effective_feed_batch(cfg: Config, feed, asked: int) -> int:
+    """--feed-batch as the pacer will use it: 1 for a feed without columns (captured frames), and
+    at most what fits one frame of the service's ingest.max_batch_frame_bytes."""
+    if asked <= 1 or feed is None or feed.columns is None:
+        return 1
+    return min(asked, max_batch_events(feed.columns.levels, cfg.ingest.max_batch_frame_bytes))
 
 
 def _collector_topics(cfg: Config, k: int, n: int) -> list[str] | None:
@@ -182,9 +191,10 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     saved_env, saved_mask = os.environ.get("HFT_INFER_RUNTIME_DIR"), os.sched_getaffinity(0)
     if target.start_service:
         os.environ["HFT_INFER_RUNTIME_DIR"] = work  # the child inherits it; endpoints expand into it
-    # the service subscribes to each owned instrument's topic and to the service topic (Heartbeat, Reset)
-    # (iceoryx2: the one subscriber of the feed's service)
-    n_topics = len(cfg.universe.owned_ids()) + 1 if cfg.ingest.topic_frame and not feed_shm else 1
+    # the service subscribes to each owned instrument's topic, the service topic (Heartbeat, Reset) and
+    # the batch topic (EventBatch): codec.feed_topics (iceoryx2: the one subscriber of the feed's service)
+    n_topics = len(feed_topics(cfg.universe.owned_ids())) if cfg.ingest.topic_frame and not feed_shm else 1
+    feed_batch = effective_feed_batch(cfg, load.feed, harness.feed_batch)
     feed_file = load.feed_file or os.path.join(work, "feed.npz")
     if load.feed_file is None:
         save_feed(feed_file, load.feed, load.offsets_ns)
@@ -208,7 +218,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                        "--io-cores", io, *(["--core", str(plan.pacer_core)] if pinned else []),
                        *(["--spin"] if plan.pacer_spin else []),
                        *([] if cfg.ingest.topic_frame else ["--no-topic-frame"]),
-                       *(["--reset-first"] if harness.reset_first else [])], run_dir / "pacer.log")
+                       *(["--reset-first"] if harness.reset_first else []),
+                       "--feed-batch", str(feed_batch)], run_dir / "pacer.log")
         children.append(pacer)
         wait_replies({pacer: "bound"}, 300.0)  # loading a big feed takes a while
         capacity = len(load.feed) // harness.collectors + 4096
@@ -330,7 +341,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
                          f"warm-up events",
-        "harness": plan.as_dict() | {"collectors": harness.collectors, "service_cores_seen": seen},
+        "harness": plan.as_dict() | {"collectors": harness.collectors, "service_cores_seen": seen,
+                                     "feed_batch": feed_batch, "feed_batch_asked": harness.feed_batch},
         "answer_frames": {"decision": answers.decision_frames, "batch": answers.batch_frames,
                           "undecodable": answers.undecodable_frames},
         "service_exit_code": service.proc.returncode if service is not None else None,
@@ -433,7 +445,9 @@ def result_table(out: dict, title: str) -> str:
              f"pacer lateness over the same events",
              f"harness: pacer {h['pacer']}" + (f" on core {h['pacer_core']}" if h["pacer_core"] is not None else "")
              + f" (--pacer {h['pacer_choice']}), collector {h['collector']}"
-             + (f" x{h['collectors']}" if h["collectors"] > 1 else "") + f"; {h['reason']}",
+             + (f" x{h['collectors']}" if h["collectors"] > 1 else "")
+             + (f"; feed: up to {h['feed_batch']} due events per EventBatch frame"
+                if h.get("feed_batch", 1) > 1 else "; feed: one event per frame") + f"; {h['reason']}",
              f"accounting (all {acc['sent']:,} events sent, the {out['warmup_events']:,} warm-up events included; "
              f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
                                                               for k, v in acc.items())]

@@ -45,6 +45,7 @@ from collections import deque
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq
 
 from hft_infer import channels
@@ -54,13 +55,21 @@ from hft_infer.clock import perf_ns
 from hft_infer.config import Config, ConfigError, load_config
 from hft_infer.errors import UserError
 from hft_infer.transport import sockets
-from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, ReusableEncoder, topic_for
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    SERVICE_TOPIC,
+    ReusableEncoder,
+    event_batch_columns,
+    feed_topics,
+    topic_for,
+)
 from hft_infer.transport.schema import (
     MAX_INSTRUMENT_ID,
     TAG_QUOTE,
     TAG_TRADE,
     Decision,
     DecisionBatch,
+    EventBatch,
     Heartbeat,
     Reason,
     Reset,
@@ -69,6 +78,7 @@ from hft_infer.transport.schema import (
 from hft_infer.transport.shm import ShmSubscriber
 
 MODEL_VERSION = "null"
+MAX_ANSWERS_PER_FRAME = 4096  # a DecisionBatch answering EventBatch bursts is cut into frames of this many
 DRAIN_QUIET_NS = 100_000_000  # as the service: the feed is drained once silent this long
 assert array("I").itemsize == 4 and array("Q").itemsize == 8 and array("q").itemsize == 8
 
@@ -106,7 +116,7 @@ class NullService:
         self.poll_mode = cfg.ingest.poll_mode
         self.spin_budget_ns = cfg.ingest.spin_budget_us * 1000
         self.status_interval_ns = cfg.egress.status_interval_ms * 1_000_000
-        self.decode = msgspec.msgpack.Decoder(_QuoteHead | _TradeHead | Heartbeat | Reset).decode
+        self.decode = msgspec.msgpack.Decoder(_QuoteHead | _TradeHead | Heartbeat | Reset | EventBatch).decode
         self.encoder = ReusableEncoder()
         self.topics: dict[int, bytes] = {i: topic_for(i) for i in cfg.universe.owned_ids()}
         self.received = self.decided = self.rejected = self.dropped = self.heartbeats = self.resets = 0
@@ -199,6 +209,14 @@ class NullService:
                 insts.append(head.instrument)
                 seqs.append(head.seq)
                 sends.append(head.ts_send_ns if head.ts_send_ns >= 0 else 0)
+            elif kind is EventBatch:  # many events: their heads from the columns
+                cols = event_batch_columns(head)
+                if cols is None:
+                    self._reject(Reason.DECODE_ERROR)
+                    continue
+                insts.extend(cols["instrument"].tolist())
+                seqs.extend(cols["seq"].tolist())
+                sends.extend(np.maximum(cols["ts_send_ns"], 0).tolist())
             elif kind is Heartbeat:
                 self.heartbeats += 1
             else:
@@ -227,6 +245,11 @@ class NullService:
 
     def answer(self, insts, seqs, sends, ts_recv: int) -> None:
         n = len(insts)
+        if self.mode == "batch" and n > MAX_ANSWERS_PER_FRAME:  # EventBatch bursts: frames of a bounded size
+            for a in range(0, n, MAX_ANSWERS_PER_FRAME):
+                b = a + MAX_ANSWERS_PER_FRAME
+                self.answer(insts[a:b], seqs[a:b], sends[a:b], ts_recv)
+            return
         if self.mode == "batch":
             zeros1, zeros4 = bytes(n), bytes(4 * n)
             frame = self.encoder.encode(DecisionBatch(
@@ -345,7 +368,7 @@ def serve(args: argparse.Namespace) -> int:
     report = apply_placement(plan, strict=cfg.cpu.strict, steps=[configure_zmq_context(ctx, plan)])
     check_transports(cfg)
     egr = channels.open_egress(cfg, ctx, curve=None)
-    topics = [topic_for(i) for i in cfg.universe.owned_ids()] + [SERVICE_TOPIC] if cfg.ingest.topic_frame else None
+    topics = feed_topics(cfg.universe.owned_ids()) if cfg.ingest.topic_frame else None
     ing = channels.open_ingest(cfg, ctx, topics=topics, curve=None)
     ingest, ingest_ep, egress, egress_ep = ing.sock, ing.address, egr.sock, egr.address
     cls = ShmNullService if ing.shm or egr.shm else NullService

@@ -160,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
     target = Target(cfg, args.config, list(args.overrides), args.start_service or args.null_service,
                     null=args.null_service, null_egress=args.null_egress, null_delay_us=args.null_delay_us)
     span_s = (offsets[-1] - offsets[0]) / 1e9 if len(feed) > 1 else 0.0
-    harness = HarnessOptions(args.pacer, args.collectors, reset_first=True)
+    harness = HarnessOptions(args.pacer, args.collectors, reset_first=True, feed_batch=args.feed_batch)
     out, _stats, result = run_with_floor(load, target, run_dir, with_floor=args.with_floor, label="replay",
                                          quiet=args.quiet, harness=harness,
                                          extra={"rate_offered": len(feed) / span_s if span_s > 0 else None,

@@ -69,6 +69,7 @@ from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames, load_sources
 from hft_infer.replay.pacer import save_feed
+from hft_infer.transport.codec import feed_topics
 
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
 
@@ -203,7 +204,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         ctx = zmq.Context()
         io = ",".join(map(str, plan.helper_cores)) if pinned else ""
         # distinct subscriptions reach the XPUB once: every instrument's topic, and the service topic
-        n_topics = len(cfg.universe.all_ids()) + 1
+        n_topics = len(feed_topics(cfg.universe.all_ids()))
         pacer = Child("pacer", "hft_infer.replay.pacer_proc",
                       ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),
                        "--out", os.path.join(work, "pacer.npz"), "--topics", str(n_topics), "--settle-ms", "0",

@@ -61,6 +61,9 @@ class Engine:
 
     name = "base"
     max_inflight = 1
+    # True when a step in flight still reads the host feature ring (the loop must then not
+    # overwrite its rows: stepper.py); the GPU engines copy a step's rows at submit
+    reads_ring_in_flight = False
 
     def __init__(self, buckets: list[int], sink_slot: int, *, stateful: bool, reason: str) -> None:
         self.bucket_map = BucketMap(buckets)

@@ -1,0 +1,299 @@
+"""The ingest of EventBatch frames: many quotes in one frame, handled as columns.
+
+A EventBatch (transport/schema.py) stands for the same quotes sent one frame each, in order, and
+ends exactly as they would: every quote is checked, sequenced, counted and answered as the
+per-frame path does (ingest.py). What changes is the cost. Past the rate at which one core can
+read single-quote frames (two recv calls and a decode each: ~1-3 µs per event,
+docs/notes/ingest.md), a feed that never drops queues up and every event is stale when read;
+a batch is one recv pair and one decode however many quotes it holds, and this module handles
+it with numpy over the columns, so the cost per quote falls as batches grow -- and under
+overload they grow by themselves (the drain reads every frame that is ready, and consecutive
+batches are merged into one set of columns).
+
+The column path (conflating models, the model's number of levels, a clean batch): one numpy
+pass checks the whole merged run -- every instrument known, ts_send_ns and priority in range,
+every book finite and non-negative (the high-byte rule of transport/codec.py), and each
+instrument's sequence numbers consecutive from its last one. Then per instrument of the run
+(not per quote): its last `depth` rows are written with one fancy assignment (older rows of the
+run would be overwritten in the ring before any step reads them: the window only ever sees the
+last `depth`), its position count and last sequence advance, and its newest quote is the
+trigger, queued or shed STALE exactly as Ingest._queue_newest does for a burst of frames (the
+earlier ones are CONFLATED into it). So a quote costs its share of a few numpy calls, and an
+instrument its push.
+
+Everything else -- a sequential (stateful) model, another number of levels, any quote that
+fails a check, a gap, a restart or a repeat in the sequence, a batch under another topic than
+BATCH_TOPIC -- takes the general path: the batch is expanded into its Quote messages
+(codec.events_of_batch) and handled by the per-frame code, which is the one definition of every
+rule (tests/unit/test_ingest_batch.py holds the column path to it). A batch whose columns do not
+match its `n` is one DECODE_ERROR, as any frame that is not our schema.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    FLOAT_LIMIT,
+    event_batch_shape_ok as shape_ok,
+    events_of_batch,
+    merged_event_columns,
+    message_tag,
+    topic_for,
+)
+from hft_infer.transport.schema import TAG_EVENT_BATCH, EventBatch, Kind, Quote, Reason, Trade
+
+DECODE_ERROR = int(Reason.DECODE_ERROR)
+KIND_TRADE = int(Kind.TRADE)
+# events in a run of batches from which the column path pays (numpy costs ~1-3 µs per call, the
+# per-frame path ~3-5 µs per event on the dev VM: tools/bench_hotpath.py --feed-batch)
+COLUMNS_MIN = 32
+# most events handled as one run: past a few thousand the run's columns leave the CPU's caches
+# and the cost per event rises again (dev VM: ~0.75 µs/event in runs of 64, ~1.3 in one of 30,000)
+RUN_MAX = 4096
+_BAD_HIGH = 0x7F000000  # as ingest.py: a float32 whose high byte is >= 0x7F, read as a uint32
+_EMPTY = b""
+
+
+class EventBatchPaths:
+    """A mixin of `Ingest` (ingest.py): the EventBatch frames of a burst."""
+
+    def _init_batches(self) -> None:
+        ids = np.asarray(self.ids, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        self._ids_sorted = ids[order]
+        self._slot_by_sorted = order.astype(np.int64)
+        topic_of = dict(zip(self.ids, self.topics))
+        self._topic_of_id = lambda inst: topic_of.get(inst) or topic_for(inst)
+
+    def _batch_sized(self, payload) -> bool:
+        """Cold: a frame over max_frame_bytes is still read if it is a EventBatch within
+        max_batch_frame_bytes (its tag is read from the msgpack header, nothing decoded)."""
+        return len(payload) <= self.max_batch_frame_bytes and message_tag(memoryview(payload)) == TAG_EVENT_BATCH
+
+    def _handle_mixed(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
+        """A burst holding EventBatch frames, in feed order: a run of consecutive batches with
+        COLUMNS_MIN or more events (and a model the column path serves) goes to `_handle_batches`;
+        everything else -- single frames, shorter runs of batches expanded into their events --
+        is gathered and handled by the per-frame chunk path together. Returns the events."""
+        events = 0
+        flat_m: list = []
+        flat_t: list = []
+        flat_r: list[int] = []
+        columns_ok = not self.sched.sequential
+        i, k = 0, len(msgs)
+        while i < k:
+            if type(msgs[i]) is not EventBatch:
+                flat_m.append(msgs[i])
+                flat_t.append(tops[i])
+                flat_r.append(recvs[i])
+                i += 1
+                continue
+            j, size = i, 0
+            while j < k and type(msgs[j]) is EventBatch:
+                size += msgs[j].n
+                j += 1
+            if columns_ok and size >= COLUMNS_MIN:
+                if flat_m:  # what came before, first
+                    events += self._handle_frames(flat_m, flat_t, flat_r, offset)
+                    flat_m, flat_t, flat_r = [], [], []
+                events += self._handle_batches(msgs[i:j], tops[i:j], recvs[i:j], offset)
+            else:
+                for batch, top, t_recv in zip(msgs[i:j], tops[i:j], recvs[i:j]):
+                    events += self._expand_into(batch, top, t_recv, offset, flat_m, flat_t, flat_r)
+            i = j
+        if flat_m:
+            events += self._handle_frames(flat_m, flat_t, flat_r, offset)
+        return events
+
+    def _handle_batches(self, batches: list, tops: list, recvs: list[int], offset: int) -> int:
+        """Consecutive EventBatch frames, in runs of up to RUN_MAX events: the column path for a
+        run when it qualifies, else its batches expanded into their events. Returns the events
+        (a malformed batch counts 1)."""
+        events = 0
+        run: list[tuple] = []
+        size = 0
+        for batch, top, t_recv in zip(batches, tops, recvs):
+            if not shape_ok(batch):
+                events += self._handle_run(run, offset) + 1
+                run, size = [], 0
+                self._reject(DECODE_ERROR, None, None, t_recv, offset)
+                continue
+            run.append((batch, top, t_recv))
+            size += batch.n
+            if size >= RUN_MAX:
+                events += self._handle_run(run, offset)
+                run, size = [], 0
+        return events + self._handle_run(run, offset)
+
+    def _handle_run(self, run: list[tuple], offset: int) -> int:
+        """A run of well-shaped batches (batch, topic, receive time); returns its events."""
+        if not run:
+            return 0
+        levels = self.levels
+        if (all(r[0].n_levels == levels for r in run)
+                and (not self.topic_frame or all(r[1] == BATCH_TOPIC for r in run))
+                and self._batch_columns([r[0] for r in run], [r[2] for r in run], offset)):
+            return sum(r[0].n for r in run)
+        flat_m: list = []
+        flat_t: list = []
+        flat_r: list[int] = []
+        events = 0
+        for batch, top, t_recv in run:
+            events += self._expand_into(batch, top, t_recv, offset, flat_m, flat_t, flat_r)
+        return events + self._handle_frames(flat_m, flat_t, flat_r, offset)
+
+    def _expand_into(self, batch: EventBatch, top, t_recv: int, offset: int, msgs: list, tops: list,
+                     recvs: list[int]) -> int:
+        """The general path: the batch's events appended to a list the per-frame code handles, each
+        as if it had come alone under its instrument's topic (or, under a wrong topic, under that
+        one). A malformed batch is rejected here (DECODE_ERROR, 1 event); else returns 0 (its
+        events are counted when the list is handled)."""
+        events = events_of_batch(batch)
+        if events is None:
+            self._reject(DECODE_ERROR, None, None, t_recv, offset)
+            return 1
+        msgs.extend(events)
+        if not self.topic_frame:
+            tops.extend([None] * len(events))
+        elif top == BATCH_TOPIC:
+            topics = self._topic_of_id
+            tops.extend([topics(e.instrument) for e in events])
+        else:
+            tops.extend([top] * len(events))
+        recvs.extend([t_recv] * len(events))
+        return 0
+
+    def _batch_columns(self, batches: list, times: list[int], offset: int) -> bool:
+        """The column path over a run of batches (conflating model, the model's levels); False,
+        having changed nothing, when any event needs the general path."""
+        c = merged_event_columns(batches)
+        inst, seq, ts_send, prio, kind, books = (c["instrument"], c["seq"], c["ts_send_ns"], c["priority"],
+                                                 c["kind"], c["book"])
+        price, size, side = c["price"], c["size"], c["side"]
+        recv = None if len(batches) == 1 else np.repeat(np.asarray(times, dtype=np.int64), [b.n for b in batches])
+        n = len(seq)
+        if n < COLUMNS_MIN:  # numpy's per-call cost is fixed: the per-event path is cheaper
+            return False
+        # checks, all at once: known instruments, fields in range, books finite and >= 0, trades'
+        # price and size as validate_trade's, side +-1
+        ids = self._ids_sorted
+        j = np.searchsorted(ids, inst)
+        np.minimum(j, len(ids) - 1, out=j)
+        if not (ids[j] == inst).all() or ts_send.min() < 0 or prio.min() < -1:
+            return False
+        trades = None
+        if price is not None and kind.any():
+            if kind.max() > KIND_TRADE:  # not our schema: the general path rejects the batch
+                return False
+            trades = kind == KIND_TRADE
+            pt, st, sd = price[trades], size[trades], side[trades]
+            if not (((pt >= 0.0) & (pt < FLOAT_LIMIT) & (st >= 0.0) & (st < FLOAT_LIMIT)).all()
+                    and (np.abs(sd.astype(np.int16)) == 1).all()):
+                return False
+        # every row's book, trades' too (ignored, sent as zeros: a publisher that fills them with
+        # anything else only costs itself the general path)
+        if books.size and books.view("<u4").max() >= _BAD_HIGH:
+            return False
+        slots = self._slot_by_sorted[j]
+        # per instrument, in feed order: each seq is the one before + 1, from the slot's last
+        order = np.argsort(slots, kind="stable")
+        s_sorted = slots[order]
+        q_sorted = seq[order]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(s_sorted[1:], s_sorted[:-1], out=first[1:])
+        if not (q_sorted[1:] == q_sorted[:-1] + np.uint64(1))[~first[1:]].all():
+            return False
+        starts = np.flatnonzero(first)
+        uniq = s_sorted[starts].tolist()
+        last_seq = self.last_seq
+        for slot, s0 in zip(uniq, q_sorted[starts].tolist()):
+            last = last_seq[slot]
+            if last >= 0 and s0 != last + 1:
+                return False
+        # accepted: every event of the run
+        self._write_rows(books, trades, price, size, side, order, s_sorted, starts, uniq, n)
+        ends = np.append(starts[1:], n)
+        newest = order[ends - 1].tolist()  # original index of each instrument's newest event
+        n_per = (ends - starts).tolist()
+        q_last = q_sorted[ends - 1].tolist()
+        count = self.store.count
+        b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
+        # the triggers, as Ingest._queue_newest reads them: a Quote or Trade per instrument (a
+        # quote without its book: its row is written), its receive time, its position
+        levels = self.levels
+        insts, sends, prios = inst.tolist(), ts_send.tolist(), prio.tolist()
+        is_trade = trades.tolist() if trades is not None else None
+        msgs = []
+        trecv = []
+        for k, (slot, i, c, seq_last) in enumerate(zip(uniq, newest, n_per, q_last)):
+            pos = count[slot] + c - 1
+            count[slot] = pos + 1
+            last_seq[slot] = seq_last
+            b_n[slot] = c
+            b_last[slot] = k
+            b_pos[slot] = pos
+            if is_trade is not None and is_trade[i]:
+                msgs.append(Trade(insts[i], seq_last, 0, sends[i], float(price[i]), float(size[i]), int(side[i]),
+                                  prios[i]))
+            else:
+                msgs.append(Quote(insts[i], seq_last, 0, sends[i], levels, _EMPTY, prios[i]))
+            trecv.append(times[0] if recv is None else int(recv[i]))
+        self._msgs, self._recvs, self._offset = msgs, trecv, offset
+        self._touched.extend(uniq)
+        self._queue_newest()
+        return True
+
+    def _write_rows(self, books, trades, price, size, side, order, s_sorted, starts, uniq: list[int],
+                    n: int) -> None:
+        """Each slot's last `depth` rows of the run into the ring (older ones would be overwritten
+        before any step reads them), as the per-frame path writes them: a quote's row is its book
+        with zero trade fields; a trade's repeats the book of the slot's row before it (a quote of
+        the run, or the ring's newest row before the run) with its price and signed size."""
+        store = self.store
+        depth, flat = store.depth, store._flat
+        before = np.asarray([store.count[s] for s in uniq], dtype=np.int64)
+        first = np.zeros(n, dtype=np.int64)
+        first[starts] = 1
+        group = np.cumsum(first) - 1
+        start_of = starts[group]
+        rank = np.arange(n) - start_of
+        n_of = np.diff(np.append(starts, n))[group]
+        keep = rank >= n_of - depth
+        positions = before[group] + rank
+        width_book = books.shape[1]
+        if trades is None:
+            src = order
+            if not keep.all():
+                src, s_sorted, positions = src[keep], s_sorted[keep], positions[keep]
+            rows = np.zeros((len(src), store.width), np.float32)
+            rows[:, :width_book] = books[src]
+        else:
+            t_sorted = trades[order]
+            # the book of each row: its own (a quote), else the slot's last quote before it in the run
+            last_quote = np.where(t_sorted, -1, np.arange(n))
+            np.maximum.accumulate(last_quote, out=last_quote)
+            from_run = last_quote >= start_of  # -1, or another slot's: no quote of this slot before it
+            sel = np.flatnonzero(keep)
+            rows = np.zeros((len(sel), store.width), np.float32)
+            fr = from_run[sel]
+            rows[fr, :width_book] = books[order[last_quote[sel[fr]]]]
+            ring = ~fr
+            if ring.any():  # trades before the run's first quote of their slot: the ring's newest row
+                g = group[sel[ring]]
+                prev = before[g] - 1
+                src_rows = flat[s_sorted[sel[ring]] * depth + prev % depth, :width_book]
+                rows[ring, :width_book] = src_rows * (prev >= 0)[:, None]
+            ts = t_sorted[sel]
+            o = order[sel[ts]]
+            rows[ts, width_book] = price[o]
+            rows[ts, width_book + 1] = size[o] * side[o]
+            s_sorted, positions = s_sorted[sel], positions[sel]
+        flat[s_sorted * depth + positions % depth] = rows
+
+
+
+
+__all__ = ["EventBatchPaths"]

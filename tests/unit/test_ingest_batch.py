@@ -1,0 +1,232 @@
+"""EventBatch frames through the real ingest (tests/ingest_rig.py: hft_infer.ingest.Ingest on a real
+socket): a batch must end exactly as its quotes sent one frame each -- rows, positions, sequence
+state, queued triggers, conflation and every rejection with its answer -- on the column path
+(hft_infer/ingest_batch.py) and on the general path it falls back to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ingest_rig import IngestRig
+from test_ingest_burst import LEVELS, OLD_NS, _book, _state, burst, one_by_one, quote, trade
+
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    SERVICE_TOPIC,
+    encode,
+    event_batch,
+    event_batch_columns,
+    events_of_batch,
+    topic_for,
+)
+from hft_infer.transport.schema import EventBatch, Heartbeat, Outcome, Reason, Reset
+
+RNG_SEED = 11
+
+
+def batch_frame(events: list[tuple], *, levels: int = LEVELS, topic: bytes = BATCH_TOPIC,
+                priority: list[int] | None = None) -> list[bytes]:
+    """One EventBatch message of (instrument, seq, k, ts_send[, (price, size, side)]) events: quotes
+    with test_ingest_burst's books, trades where the fifth element is given."""
+    books = [np.frombuffer(_book(e[2]), "<f4")[: levels * 4] for e in events]
+    trades = [e[4] if len(e) > 4 else None for e in events]
+    extra = {}
+    if any(trades):
+        extra = dict(kind=[1 if t else 0 for t in trades], price=[t[0] if t else 0.0 for t in trades],
+                     size=[t[1] if t else 0.0 for t in trades], side=[t[2] if t else 0 for t in trades])
+    b = event_batch([e[0] for e in events], [e[1] for e in events], [0] * len(events), [e[3] for e in events],
+                    np.stack(books), priority, **extra)
+    return [topic, encode(b)]
+
+
+def frames_of(events: list[tuple]) -> list[list[bytes]]:
+    return [trade(e[0], e[1], *e[4]) if len(e) > 4 else quote(e[0], e[1], e[2], ts_send=e[3]) for e in events]
+
+
+def _feed(rng, n: int, instruments: int, seqs: list[int], trades: float = 0.1) -> list[tuple]:
+    """Quotes and (a share `trades` of) trades of random instruments, each next in its sequence."""
+    out = []
+    for inst in rng.integers(0, instruments, n).tolist():
+        k = float(rng.integers(0, 1000))
+        if rng.random() < trades:
+            out.append((inst, seqs[inst], k, 0, (100.0 + k, 1.0 + k / 10, 1 if k % 2 else -1)))
+        else:
+            out.append((inst, seqs[inst], k, 0))
+        seqs[inst] += 1
+    return out
+
+
+def _compare(a: IngestRig, b: IngestRig) -> None:
+    sa, sb = _state(a), _state(b)
+    rows_a, rows_b = sa.pop("rows"), sb.pop("rows")
+    assert sa == sb
+    np.testing.assert_array_equal(rows_a, rows_b)
+    assert a.sched.conflated == b.sched.conflated
+    assert a.identity_holds() and b.identity_holds()
+
+
+def _rigs(**kw) -> tuple[IngestRig, IngestRig]:
+    return IngestRig(instruments=8, topic_frame=True, **kw), IngestRig(instruments=8, topic_frame=True, **kw)
+
+
+def test_the_column_path_ends_as_the_quotes_sent_one_frame_each():
+    rng = np.random.default_rng(RNG_SEED)
+    seqs = [0] * 8
+    # batches of 1 to 300 quotes: instruments with more than the ring's depth (64) in one run too
+    sizes = [1, 5, 300, 17, 64, 129]
+    quotes = [_feed(rng, k, 3 if k == 300 else 6, seqs) for k in sizes]  # ~100 each of 3 in the 300
+    a, b = _rigs()
+    writes = []  # rows the column path wrote, per run
+    write_rows = a.ingest._write_rows
+    a.ingest._write_rows = lambda *args: (writes.append(len(args[5])), write_rows(*args))
+    try:
+        burst(a, [batch_frame(q) for q in quotes[:3]])  # three batches read in one drain: merged
+        for q in quotes[3:]:
+            burst(a, [batch_frame(q)])
+        one_by_one(b, [f for q in quotes for f in frames_of(q)])
+        assert writes == [306, 64, 129], "the runs of 32 or more events took the column path"
+        _compare(a, b)
+        assert a.acct.received == sum(sizes) and a.sched.conflated == sum(sizes) - a.sched.live_requests()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("case", ["clean", "nan", "unknown", "gap", "repeat", "restart", "ts_negative", "priority",
+                                  "levels", "wrong_topic", "first_seq_after_history"])
+def test_a_batch_the_column_path_refuses_ends_as_its_quotes_in_one_burst(case):
+    good = [(i % 4, i // 4, float(i), 0) for i in range(48)]  # 12 each of instruments 0..3
+    good[13] = good[13] + ((101.0, 2.0, -1),)  # a trade among them
+    a, b = _rigs()
+    columns = []
+    a.ingest._write_rows = (lambda w: lambda *args: (columns.append(len(args[5])), w(*args)))(a.ingest._write_rows)
+    try:
+        history = [(0, 0, 1.0, 0), (1, 0, 2.0, 0)]
+        if case == "first_seq_after_history":  # instrument 0 already at seq 0: the batch starting at 0 repeats it
+            burst(a, frames_of(history))
+            burst(b, frames_of(history))
+        quotes = list(good)
+        topic = BATCH_TOPIC
+        priority = None
+        levels = LEVELS
+        if case == "unknown":
+            quotes[5] = (99, 0, 5.0, 0)
+        elif case == "gap":
+            quotes[9] = (quotes[9][0], quotes[9][1] + 3, 9.0, 0)
+        elif case == "repeat":
+            quotes[8] = quotes[4]
+        elif case == "restart":
+            quotes += [(2, 0, 50.0, 0)]
+        elif case == "ts_negative":
+            quotes[3] = (quotes[3][0], quotes[3][1], 3.0, -5)
+        elif case == "priority":
+            priority = [-1] * len(quotes)
+            priority[7] = -3
+        elif case == "levels":
+            levels = 6
+        elif case == "wrong_topic":
+            topic = topic_for(2)
+        frame = batch_frame(quotes, levels=levels, topic=topic, priority=priority)
+        if case == "nan":
+            b_ = events_of_batch(msgspec_decode(frame[1]))
+            raw = bytearray(frame[1])
+            at = raw.find(bytes(b_[10].book)) + 8  # quote 10's third float
+            raw[at:at + 4] = np.float32(np.nan).tobytes()
+            frame = [topic, bytes(raw)]
+        burst(a, [frame])
+        # b: the same quotes, each as a frame of its own under the same topic rules, in one burst
+        expanded = events_of_batch(msgspec_decode(frame[1]))
+        tops = [topic_for(q.instrument) if topic == BATCH_TOPIC else topic for q in expanded]
+        burst(b, [[t, encode(q)] for t, q in zip(tops, expanded)])
+        _compare(a, b)
+        assert columns == ([48] if case == "clean" else []), "only the clean batch took the column path"
+        if case in ("nan", "unknown", "repeat", "ts_negative", "priority", "wrong_topic"):
+            assert sum(a.acct.by_reason) >= 1, "the case's quote was rejected"
+        elif case == "levels":
+            assert a.store.count[:4] == [12] * 4 and a.sched.live_requests() == 4
+    finally:
+        a.close()
+        b.close()
+
+
+def msgspec_decode(payload: bytes) -> EventBatch:
+    import msgspec
+    return msgspec.msgpack.decode(payload, type=EventBatch)
+
+
+def test_a_stateful_model_takes_every_quote_of_a_batch_in_order():
+    a, b = (IngestRig(instruments=4, conflate=False, topic_frame=True, max_pending=8) for _ in range(2))
+    try:
+        quotes = [(i % 2, i // 2, float(i), 0) for i in range(30)]  # 15 each: more than max_pending
+        burst(a, [batch_frame(quotes)])
+        burst(b, frames_of(quotes))
+        _compare(a, b)
+        assert a.acct.by_reason[Reason.QUEUE_FULL] == 14  # 15 - 8 per instrument, unwritten
+    finally:
+        a.close()
+        b.close()
+
+
+def test_stale_batches_cost_one_answer_per_instrument():
+    rig = IngestRig(instruments=8, topic_frame=True, max_age_us=1000)
+    try:
+        quotes = [(i % 4, i // 4, float(i), OLD_NS) for i in range(400)]
+        burst(rig, [batch_frame(quotes[:150]), batch_frame(quotes[150:])])
+        assert rig.acct.received == 400
+        assert rig.acct.by_reason[Reason.STALE] == rig.acct.shed == 4
+        assert rig.sched.conflated == 396 and rig.sched.live_requests() == 0
+        shed = sorted((a[0], a[1], a[3], a[6]) for a in zip(*rig.answers.columns()) if a[2] == Outcome.SHED)
+        assert shed == [(i, 99, Reason.STALE, 99) for i in range(4)]
+        assert rig.store.count[:4] == [100] * 4 and rig.ingest.last_seq[:4] == [99] * 4
+        np.testing.assert_array_equal(rig.store.row(1, 99)[: 4 * LEVELS], np.frombuffer(_book(397.0), "<f4"))
+        assert rig.identity_holds()
+    finally:
+        rig.close()
+
+
+def test_batches_frames_heartbeats_and_resets_keep_feed_order_in_one_burst():
+    rng = np.random.default_rng(RNG_SEED + 1)
+    seqs = [0] * 8
+    q1, q2, q3 = _feed(rng, 20, 5, seqs), _feed(rng, 7, 5, seqs), _feed(rng, 12, 5, seqs)
+    msgs = ([batch_frame(q1)] + frames_of(q2[:3]) + [[SERVICE_TOPIC, encode(Heartbeat(0))]]
+            + [batch_frame(q2[3:])] + [[SERVICE_TOPIC, encode(Reset(0, 2))]] + [batch_frame(q3)])
+    flat = (frames_of(q1) + frames_of(q2[:3]) + [[SERVICE_TOPIC, encode(Heartbeat(0))]] + frames_of(q2[3:])
+            + [[SERVICE_TOPIC, encode(Reset(0, 2))]] + frames_of(q3))
+    a, b = _rigs()
+    for rig in (a, b):  # what the Reset sees queued: everything before it in the feed
+        rig.ingest.on_reset = (lambda r: lambda slots: r.resets.append(
+            (slots, r.sched.live_requests(), r.sched.conflated, list(r.store.count))))(rig)
+    try:
+        burst(a, msgs)
+        burst(b, flat)
+        _compare(a, b)
+        assert a.acct.heartbeats == 1 and a.acct.resets == 1 and a.acct.received == 39
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("damage", ["seq_short", "book_long", "priority_short", "n_zero"])
+def test_a_batch_whose_columns_disagree_is_one_decode_error(damage):
+    good = event_batch([1, 2], [0, 0], [0, 0], [0, 0], np.ones((2, LEVELS, 4)))
+    fields = dict(n=2, n_levels=LEVELS, instrument=bytes(good.instrument), seq=bytes(good.seq),
+                  ts_exchange_ns=bytes(good.ts_exchange_ns), ts_send_ns=bytes(good.ts_send_ns),
+                  book=bytes(good.book), priority=b"")
+    if damage == "seq_short":
+        fields["seq"] = fields["seq"][:8]
+    elif damage == "book_long":
+        fields["book"] += b"\x00" * 16
+    elif damage == "priority_short":
+        fields["priority"] = b"\x00"
+    else:
+        fields["n"] = 0
+    bad = EventBatch(**fields)
+    assert event_batch_columns(bad) is None and events_of_batch(bad) is None
+    rig = IngestRig(instruments=4, topic_frame=True)
+    try:
+        v = rig.classify([BATCH_TOPIC, encode(bad)])
+        assert v.reason == Reason.DECODE_ERROR and v.received == 1
+        rig.classify(batch_frame([(1, 0, 1.0, 0)]))  # the next batch is read as usual
+        assert rig.sched.live_requests() == 1 and rig.identity_holds()
+    finally:
+        rig.close()
