@@ -230,3 +230,42 @@ def test_a_batch_whose_columns_disagree_is_one_decode_error(damage):
         assert rig.sched.live_requests() == 1 and rig.identity_holds()
     finally:
         rig.close()
+
+
+def test_a_plain_msgpack_client_writes_the_readme_example_and_the_ingest_takes_it():
+    """The README's EventBatch example, built with msgpack alone (a foreign client), is the
+    148 bytes the README lists, and the real ingest takes its quote and trade in order."""
+    import re
+    import struct
+    from pathlib import Path
+
+    import msgpack
+
+    book = struct.pack("<4f", 100.0, 2.0, 100.5, 3.0) + bytes(16)
+    frame = msgpack.packb([5, 2, 1, struct.pack("<2I", 7, 7), struct.pack("<2Q", 0, 1), bytes(16), bytes(16), book,
+                           b"", bytes([0, 1]), struct.pack("<2d", 0.0, 100.5), struct.pack("<2d", 0.0, 2.0),
+                           struct.pack("<2b", 0, 1)], use_bin_type=True)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("#### EventBatch (tag 5)"):readme.index("#### Decision (tag 16)")]
+    block = section[section.index("```\n9d"):]
+    block = block[4:block.index("\n```")]
+    listed = []
+    for line in block.splitlines():  # the hex bytes open each line; the comment follows them
+        for tok in line.split():
+            if re.fullmatch(r"[0-9a-f]{2}", tok):
+                listed.append(int(tok, 16))
+            elif re.fullmatch(r"\(x\d+\)", tok):  # the byte before, repeated to this many
+                listed.extend([listed[-1]] * (int(tok[2:-1]) - 1))
+            else:
+                break
+    assert len(frame) == 148 and bytes(listed) == frame, "README's bytes are the plain-msgpack frame"
+    events = events_of_batch(msgspec_decode(frame))
+    assert [(type(e).__name__, e.instrument, e.seq) for e in events] == [("Quote", 7, 0), ("Trade", 7, 1)]
+    rig = IngestRig(instruments=8, levels=1, max_levels=1, topic_frame=True)
+    try:
+        v = rig.classify([BATCH_TOPIC, frame])
+        assert v.reason == Reason.NONE and v.received == 2
+        np.testing.assert_array_equal(rig.store.row(7, 1)[:6], np.array([100.0, 2.0, 100.5, 3.0, 100.5, 2.0], "f4"))
+        assert rig.identity_holds()
+    finally:
+        rig.close()
