@@ -294,6 +294,4 @@ class EventBatchPaths:
         flat[s_sorted * depth + positions % depth] = rows
 
 
-
-
 __all__ = ["EventBatchPaths"]

@@ -78,6 +78,20 @@ IDLE_HOOK_MIN_NS = 20_000
 SLEEP_SLICE_NS = 100_000
 
 
+def wait_until(target: int, now: int, spin: bool) -> int:
+    """Wait until perf_counter_ns reaches `target` (spinning, sleeping only when more than
+    SLEEP_THRESHOLD_NS ahead; or sleeping through it); returns the time read last. A wake-up may
+    come early (a signal) or late (the scheduler): both are looped over."""
+    sleep = time.sleep
+    while now < target:
+        if not spin:
+            sleep((target - now) / 1e9)
+        elif target - now > SLEEP_THRESHOLD_NS:
+            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
+        now = perf_ns()
+    return now
+
+
 def constant_rate(n: int, rate: float) -> np.ndarray:
     return (np.arange(n, dtype=np.float64) * (1e9 / rate)).astype(np.int64)
 
@@ -291,6 +305,14 @@ class PaceResult:
         return (self.sent - 1) / self.elapsed_s if self.sent > 1 else 0.0
 
 
+def _result(intended: np.ndarray, actual: list[int], n: int) -> PaceResult:
+    """The run's PaceResult from the send times recorded (one per event sent, in order)."""
+    sent = len(actual)
+    actual += [0] * (n - sent)
+    elapsed = (actual[sent - 1] - actual[0]) / 1e9 if sent else 0.0
+    return PaceResult(intended, np.asarray(actual, dtype=np.int64), sent, max(elapsed, 1e-9))
+
+
 class Pacer:
     def __init__(self, sock: zmq.Socket, feed: EncodedFeed, offsets_ns: np.ndarray, *, topic_frame: bool = True,
                  progress_hook: Callable[[int, int], object] | None = None,
@@ -351,7 +373,6 @@ class Pacer:
         SNDMORE = int(zmq.SNDMORE)  # a plain int: an enum flag costs ~1.7 us per send (tools/bench_capture.py)
         pack_into = _U64.pack_into
         time_ns = time.time_ns
-        sleep = time.sleep
         progress = self.progress_hook
         interval = self.progress_interval_ns
         next_progress = start + interval
@@ -359,16 +380,8 @@ class Pacer:
         spin = self.spin
         for target, topic, payload, off in zip(targets, self.feed.topics, self.feed.payloads, self.feed.ts_offsets):
             now = perf_ns()
-            if now < target:
-                if spin:
-                    while now < target:
-                        if target - now > SLEEP_THRESHOLD_NS:
-                            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
-                        now = perf_ns()
-                else:
-                    while now < target:  # a wake-up may come early (signal) or late (scheduler)
-                        sleep((target - now) / 1e9)
-                        now = perf_ns()
+            if now < target:  # time to spare: the call costs nothing that matters
+                now = wait_until(target, now, spin)
             if off >= 0:
                 pack_into(payload, off, time_ns())  # CLOCK_REALTIME read now, never a stale offset
             if topic_frame:
@@ -381,10 +394,7 @@ class Pacer:
                     progress(len(actual), n)
                 if self._stop:
                     break
-        sent = len(actual)
-        actual += [0] * (n - sent)
-        elapsed = (actual[sent - 1] - actual[0]) / 1e9 if sent else 0.0
-        return PaceResult(intended, np.asarray(actual, dtype=np.int64), sent, max(elapsed, 1e-9))
+        return _result(intended, actual, n)
 
     def _run_batched(self, start: int) -> PaceResult:
         """`_run`, except that events already due when one is sent go with it, up to feed_batch of
@@ -398,7 +408,6 @@ class Pacer:
         SNDMORE = int(zmq.SNDMORE)
         pack_into = _U64.pack_into
         time_ns = time.time_ns
-        sleep = time.sleep
         encode = msgspec.msgpack.Encoder().encode
         cols = self.feed.columns
         make_batch = cols.batch
@@ -420,21 +429,9 @@ class Pacer:
             target = targets[i]
             now = perf_ns()
             if now < target:
-                if spin:
-                    while now < target:
-                        if target - now > SLEEP_THRESHOLD_NS:
-                            sleep((target - now - SLEEP_MARGIN_NS) / 1e9)
-                        now = perf_ns()
-                else:
-                    while now < target:
-                        sleep((target - now) / 1e9)
-                        now = perf_ns()
+                now = wait_until(target, now, spin)
             if now - last_send < gap and batchable[i]:  # a frame went out just now: gather until gap
-                hold = last_send + gap
-                while now < hold:
-                    if not spin:
-                        sleep((hold - now) / 1e9)
-                    now = perf_ns()
+                now = wait_until(last_send + gap, now, spin)
             last_send = now
             j = i + 1
             if batchable[i]:  # every event due by now, up to `most` and the next unbatchable one
@@ -460,10 +457,7 @@ class Pacer:
                     progress(len(actual), n)
                 if self._stop:
                     break
-        sent = len(actual)
-        actual += [0] * (n - sent)
-        elapsed = (actual[sent - 1] - actual[0]) / 1e9 if sent else 0.0
-        return PaceResult(intended, np.asarray(actual, dtype=np.int64), sent, max(elapsed, 1e-9))
+        return _result(intended, actual, n)
 
     def _run_shared(self, start: int) -> PaceResult:
         """The loop with an idle hook: a collector in this thread reads decisions only when the

@@ -51,7 +51,15 @@ from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
 from hft_infer.service import Service
 from hft_infer.stepper import _Batch
-from hft_infer.transport.codec import IngressDecoder, _high_byte_masks, encode, pack_book, topic_for
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    IngressDecoder,
+    _high_byte_masks,
+    encode,
+    event_batch,
+    pack_book,
+    topic_for,
+)
 from hft_infer.transport.schema import Quote
 
 N_INST = 64
@@ -63,6 +71,20 @@ def quotes(n: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, b
     lv = (rng.random((16, levels, 4)) * 10 + 100).astype(np.float32)
     return [(topic_for(i % N_INST),
              encode(Quote(i % N_INST, i // N_INST, 0, ts_send_ns, levels, pack_book(lv[i % 16])))) for i in range(n)]
+
+
+def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, bytes]]:
+    """The events of `quotes(n)` as EventBatch frames of `size` quotes each (the last one shorter)."""
+    rng = np.random.default_rng(0)
+    lv = (rng.random((16, levels, 4)) * 10 + 100).astype(np.float32)
+    i = np.arange(n)
+    books = lv[i % 16]
+    out = []
+    for a in range(0, n, size):
+        j = i[a:a + size]
+        out.append((BATCH_TOPIC, encode(event_batch(j % N_INST, j // N_INST, np.zeros(len(j)),
+                                                    np.full(len(j), ts_send_ns), books[a:a + size]))))
+    return out
 
 
 def load_baseline(ref: str):
@@ -158,7 +180,7 @@ class Rig:
         shutil.rmtree(self.runtime, ignore_errors=True)
 
 
-def ingest_ns_per_event(rigs: list[Rig], frames, reps: int) -> list[float]:
+def ingest_ns_per_event(rigs: list[Rig], frames, reps: int, events: int | None = None) -> list[float]:
     """Median ns/event of each rig; the rigs' repetitions interleaved. Thread CPU time
     (time.thread_time_ns), not wall time: on a shared machine the wall clock also counts the
     time the thread was descheduled; the per-event Python cost is the CPU time."""
@@ -172,7 +194,7 @@ def ingest_ns_per_event(rigs: list[Rig], frames, reps: int) -> list[float]:
             t0 = time.thread_time_ns()
             while n < len(frames):
                 n += svc.step.ingest()
-            out[k].append((time.thread_time_ns() - t0) / len(frames))
+            out[k].append((time.thread_time_ns() - t0) / (events or len(frames)))
             rig.reset()
     return [statistics.median(o) for o in out]
 
@@ -336,6 +358,19 @@ def main() -> None:
         finally:
             for rig in rigs:
                 rig.close()
+    # EventBatch frames (hft_infer/ingest_batch.py): the same events, many per frame
+    for name, overrides, ts in (("conflating (default mlp_small), fresh", [], 0),
+                                ("conflating (default mlp_small), stale", [], 1),
+                                ("sequential (conflate off)", ['scheduler.conflate="off"',
+                                                               "scheduler.max_pending_per_instrument=4096",
+                                                               "scheduler.capacity=262144"], 0)):
+        rig = Rig(overrides + ["ingest.max_drain=64"])
+        try:
+            for size in (16, 64, 256):
+                got = ingest_ns_per_event([rig], event_batches(a.n, size, ts_send_ns=ts), a.reps, events=a.n)
+                rows.append((f"ingest, EventBatch frames of {size}, bursts of 64 frames, {name}", got[0], "ns/event"))
+        finally:
+            rig.close()
     rows += [(f"  part: {n}", v, "ns/event") for n, v in recv_parts(min(a.n, 20000), a.reps)]
     rows += [(f"  part: {n}", v, "ns/event") for n, v in parts(frames[:20000], a.reps)]
     for mode in ("batch", "per_instrument"):

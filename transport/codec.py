@@ -170,21 +170,14 @@ def events_of_batch(batch: EventBatch) -> list[Quote | Trade] | None:
     """An EventBatch as the Quote and Trade messages it stands for, in order (the ingest's
     per-event path for short or irregular batches, captures, tests); None when its columns do
     not match (the rules of event_batch_columns, checked without numpy)."""
-    n, levels = batch.n, batch.n_levels
-    if n < 1 or levels < 0 or len(batch.book) != n * levels * BYTES_PER_LEVEL:
+    if not event_batch_shape_ok(batch):
         return None
-    for name, dt in EVENT_BATCH_COLUMNS:
-        if len(getattr(batch, name)) != n * _ITEMSIZE[dt]:
-            return None
+    n, levels = batch.n, batch.n_levels
     optional = {}
     for name, dt in EVENT_BATCH_OPTIONAL_COLUMNS:
         raw = getattr(batch, name)
-        if len(raw) not in (0, n * _ITEMSIZE[dt]):
-            return None
         optional[name] = _column_list(raw, dt) if len(raw) else None
-    trades = [optional[k] is not None for k in ("kind", "price", "size", "side")]
-    if any(trades) and not all(trades):
-        return None
+    trades = [optional["kind"] is not None]
     step = levels * BYTES_PER_LEVEL
     book = memoryview(batch.book)
     prios = optional["priority"] or [NO_PRIORITY] * n

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Where the service's time goes under overload: `hft-infer bench` at RATE with EventBatch frames,
+# and py-spy (pip install py-spy) sampling the service for SECONDS once the feed is flowing.
+#   tools/profile_overload.sh OUTDIR [RATE=1500000] [SECONDS=3] [extra bench args...]
+# Writes OUTDIR/bench.log, OUTDIR/spy.txt (py-spy raw stacks) and OUTDIR/spy_top.txt (the
+# frames by inclusive and by own share of the samples).
+set -u
+out=$1; rate=${2:-1500000}; secs=${3:-3}; shift 3 2>/dev/null || shift $#
+mkdir -p "$out"
+PY=${PY:-python3}
+$PY -m hft_infer bench --rate "$rate" --duration 4 --warmup 1 --feed-batch 256 --run-dir "$out/run" "$@" \
+    > "$out/bench.log" 2>&1 &
+bench=$!
+for _ in $(seq 1 240); do  # the feed is generated first: wait for the pacer to start sending
+  grep -q "subscriptions" "$out/run/pacer.log" 2>/dev/null && break
+  sleep 0.5
+done
+sleep 1.5
+pid=$(pgrep -f "hft_infer serve" | head -1)
+spy=$(command -v py-spy || echo "$(dirname "$(command -v $PY)")/py-spy")
+[ -n "$pid" ] && timeout $((secs + 10)) "$spy" record -p "$pid" -d "$secs" -r 200 -f raw -o "$out/spy.txt" \
+    > "$out/spy.log" 2>&1
+wait $bench
+$PY - "$out/spy.txt" > "$out/spy_top.txt" <<'PYEOF'
+import collections, sys
+incl, own, total = collections.Counter(), collections.Counter(), 0
+for line in open(sys.argv[1]):
+    stack, n = line.rsplit(" ", 1)
+    frames, n = stack.split(";"), int(n)
+    total += n
+    own[frames[-1]] += n
+    for f in set(frames):
+        incl[f] += n
+print(f"{total} samples")
+for title, c in (("inclusive", incl), ("own", own)):
+    print(f"--- {title}")
+    for f, n in c.most_common(40):
+        print(f"{n / total:6.1%} {f[:160]}")
+PYEOF
+tail -3 "$out/bench.log"
