@@ -78,7 +78,7 @@ class IngestConfig(_Section):
     max_frame_bytes: Annotated[int, Meta(ge=64, le=1 << 20)] = 4096
     """Frames larger than this are rejected as OVERSIZED before decoding."""
     max_batch_frame_bytes: Annotated[int, Meta(ge=64, le=1 << 24)] = 65536
-    """EventBatch frames (many quotes in one frame) may be up to this large; any other frame is bound by max_frame_bytes."""
+    """EventBatch frames (many events in one frame) may be up to this large (but not above max_msg_size_bytes over ZeroMQ, nor below max_frame_bytes); any other frame is bound by max_frame_bytes."""
     max_msg_size_bytes: Annotated[int, Meta(ge=-1)] = 65536
     """ZMQ_MAXMSGSIZE: libzmq disconnects a peer that sends a larger message (-1 = off)."""
     max_levels: Annotated[int, Meta(ge=1, le=256)] = 64
@@ -94,13 +94,14 @@ class IngestConfig(_Section):
 
     def __post_init__(self) -> None:
         _check_shm_service(self.shm_service)
-        if self.max_batch_frame_bytes < self.max_frame_bytes:
-            raise ValueError(f"`max_batch_frame_bytes` ({self.max_batch_frame_bytes}) must be >= `max_frame_bytes` "
-                             f"({self.max_frame_bytes})")
-        if 0 <= self.max_msg_size_bytes < self.max_batch_frame_bytes:
-            raise ValueError(f"`max_batch_frame_bytes` ({self.max_batch_frame_bytes}) exceeds `max_msg_size_bytes` "
-                             f"({self.max_msg_size_bytes}): libzmq would disconnect a publisher of such a batch; "
-                             "raise max_msg_size_bytes (or -1) or lower max_batch_frame_bytes")
+
+    def batch_frame_limit(self) -> int:
+        """The largest EventBatch frame the ingest reads: max_batch_frame_bytes, never below
+        max_frame_bytes, and (over ZeroMQ) never above what libzmq delivers (max_msg_size_bytes)."""
+        limit = max(self.max_batch_frame_bytes, self.max_frame_bytes)
+        if self.transport == "zmq" and self.max_msg_size_bytes >= 0:
+            limit = min(limit, self.max_msg_size_bytes)
+        return limit
 
 
 class EgressConfig(_Section):

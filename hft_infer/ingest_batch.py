@@ -52,6 +52,7 @@ COLUMNS_MIN = 32
 # most events handled as one run: past a few thousand the run's columns leave the CPU's caches
 # and the cost per event rises again (dev VM: ~0.75 µs/event in runs of 64, ~1.3 in one of 30,000)
 RUN_MAX = 4096
+SLOT_TABLE_MAX = 1 << 20  # instrument ids below this: a lookup table (4 MB at most) instead of a search
 _BAD_HIGH = 0x7F000000  # as ingest.py: a float32 whose high byte is >= 0x7F, read as a uint32
 _EMPTY = b""
 
@@ -64,6 +65,14 @@ class EventBatchPaths:
         order = np.argsort(ids, kind="stable")
         self._ids_sorted = ids[order]
         self._slot_by_sorted = order.astype(np.int64)
+        # instrument id -> slot (-1: not ours) as one take where the ids are small enough for a
+        # table (the usual 0..N-1 universe), else a binary search of the sorted ids
+        self._slot_table = None
+        if len(ids) and int(ids.max()) < SLOT_TABLE_MAX:
+            self._slot_table = np.full(int(ids.max()) + 2, -1, dtype=np.int16 if len(ids) < 2**15 else np.int64)
+            self._slot_table[ids] = np.arange(len(ids))
+        # slots as int16 let numpy's stable argsort be a radix sort (O(n))
+        self._slot_dtype = np.int16 if len(ids) < 2**15 else np.int64
         topic_of = dict(zip(self.ids, self.topics))
         self._topic_of_id = lambda inst: topic_of.get(inst) or topic_for(inst)
 
@@ -178,10 +187,19 @@ class EventBatchPaths:
             return False
         # checks, all at once: known instruments, fields in range, books finite and >= 0, trades'
         # price and size as validate_trade's, side +-1
-        ids = self._ids_sorted
-        j = np.searchsorted(ids, inst)
-        np.minimum(j, len(ids) - 1, out=j)
-        if not (ids[j] == inst).all() or ts_send.min() < 0 or prio.min() < -1:
+        table = self._slot_table
+        if table is not None:  # ids past the table's end read its last entry, -1
+            slots = table.take(inst, mode="clip")
+            if slots.min() < 0:
+                return False
+        else:
+            ids = self._ids_sorted
+            j = np.searchsorted(ids, inst)
+            np.minimum(j, len(ids) - 1, out=j)
+            if not (ids[j] == inst).all():
+                return False
+            slots = self._slot_by_sorted[j].astype(self._slot_dtype)
+        if ts_send.min() < 0 or prio.min() < -1:
             return False
         trades = None
         if price is not None and kind.any():
@@ -196,9 +214,8 @@ class EventBatchPaths:
         # anything else only costs itself the general path)
         if books.size and books.view("<u4").max() >= _BAD_HIGH:
             return False
-        slots = self._slot_by_sorted[j]
         # per instrument, in feed order: each seq is the one before + 1, from the slot's last
-        order = np.argsort(slots, kind="stable")
+        order = slots.argsort(kind="stable")
         s_sorted = slots[order]
         q_sorted = seq[order]
         first = np.empty(n, dtype=bool)
@@ -224,8 +241,8 @@ class EventBatchPaths:
         # the triggers, as Ingest._queue_newest reads them: a Quote or Trade per instrument (a
         # quote without its book: its row is written), its receive time, its position
         levels = self.levels
-        insts, sends, prios = inst.tolist(), ts_send.tolist(), prio.tolist()
-        is_trade = trades.tolist() if trades is not None else None
+        insts, sends, prios = inst[newest].tolist(), ts_send[newest].tolist(), prio[newest].tolist()
+        is_trade = trades[newest].tolist() if trades is not None else None
         msgs = []
         trecv = []
         for k, (slot, i, c, seq_last) in enumerate(zip(uniq, newest, n_per, q_last)):
@@ -235,11 +252,11 @@ class EventBatchPaths:
             b_n[slot] = c
             b_last[slot] = k
             b_pos[slot] = pos
-            if is_trade is not None and is_trade[i]:
-                msgs.append(Trade(insts[i], seq_last, 0, sends[i], float(price[i]), float(size[i]), int(side[i]),
-                                  prios[i]))
+            if is_trade is not None and is_trade[k]:
+                msgs.append(Trade(insts[k], seq_last, 0, sends[k], float(price[i]), float(size[i]), int(side[i]),
+                                  prios[k]))
             else:
-                msgs.append(Quote(insts[i], seq_last, 0, sends[i], levels, _EMPTY, prios[i]))
+                msgs.append(Quote(insts[k], seq_last, 0, sends[k], levels, _EMPTY, prios[k]))
             trecv.append(times[0] if recv is None else int(recv[i]))
         self._msgs, self._recvs, self._offset = msgs, trecv, offset
         self._touched.extend(uniq)
@@ -264,12 +281,14 @@ class EventBatchPaths:
         keep = rank >= n_of - depth
         positions = before[group] + rank
         width_book = books.shape[1]
-        if trades is None:
+        if trades is None:  # quotes only: their books, and zero trade fields, straight into the ring
             src = order
             if not keep.all():
                 src, s_sorted, positions = src[keep], s_sorted[keep], positions[keep]
-            rows = np.zeros((len(src), store.width), np.float32)
-            rows[:, :width_book] = books[src]
+            idx = s_sorted * depth + positions % depth
+            flat[idx, :width_book] = books[src]
+            flat[idx, width_book:] = 0.0
+            return
         else:
             t_sorted = trades[order]
             # the book of each row: its own (a quote), else the slot's last quote before it in the run

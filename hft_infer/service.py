@@ -160,7 +160,7 @@ class Service:
         self.ingest = ing.cls(
             self.ingest_sock, instrument_ids=self.instrument_ids, store=self.store, sched=self.sched,
             acct=self.acct, answers=self.egress.answers, clock=self.clock, topic_frame=ing.topic_frame,
-            max_frame_bytes=cfg.ingest.max_frame_bytes, max_batch_frame_bytes=cfg.ingest.max_batch_frame_bytes,
+            max_frame_bytes=cfg.ingest.max_frame_bytes, max_batch_frame_bytes=cfg.ingest.batch_frame_limit(),
             max_levels=cfg.ingest.max_levels,
             model_levels=self.levels, max_age_us=sc.max_age_us, class_by_slot_kind=self.class_table,
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,

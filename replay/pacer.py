@@ -36,10 +36,11 @@ them as one EventBatch frame (transport/schema.py) built from the feed's
 columns (`FeedColumns`, slices of them: no per-event Python), each with the
 batch's send time; an event due alone goes out as its own frame, as without
 the option. Like a feed handler that batches under load, it sends at most one
-frame per `feed_batch_us` (100 µs by default): an event due sooner than that
-after the last frame waits for the rest due by then, so at 600k events/s the
-frames hold ~60 events, and below ~10k events/s nearly every event still goes
-alone and at once. Each event's actual send time is still recorded, so lateness and
+frame per `feed_batch_us` (100 µs by default) once events come faster than
+that: an event due sooner than that after the last frame, with another one due
+before the gap ends, waits for the gap and goes with what is due by then; so
+at 600k events/s the frames hold ~60-120 events, and at 10k events/s every
+event still goes alone and at once. Each event's actual send time is still recorded, so lateness and
 tick-to-decision count the wait for the batch. Quotes of another depth than
 the feed's and captured frames are never batched.
 """
@@ -430,8 +431,11 @@ class Pacer:
             now = perf_ns()
             if now < target:
                 now = wait_until(target, now, spin)
-            if now - last_send < gap and batchable[i]:  # a frame went out just now: gather until gap
-                now = wait_until(last_send + gap, now, spin)
+            hold = last_send + gap
+            # a frame went out less than `gap` ago and another event is due before the gap ends:
+            # wait for the gap and send them together (one event alone goes at once)
+            if now < hold and batchable[i] and i + 1 < n and targets[i + 1] <= hold:
+                now = wait_until(hold, now, spin)
             last_send = now
             j = i + 1
             if batchable[i]:  # every event due by now, up to `most` and the next unbatchable one

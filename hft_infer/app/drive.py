@@ -155,10 +155,10 @@ def source_commit() -> str:
 
 def effective_feed_batch(cfg: Config, feed, asked: int) -> int:
     """--feed-batch as the pacer will use it: 1 for a feed without columns (captured frames), and
-    at most what fits one frame of the service's ingest.max_batch_frame_bytes."""
+    at most what fits one frame the service reads (IngestConfig.batch_frame_limit)."""
     if asked <= 1 or feed is None or feed.columns is None:
         return 1
-    return min(asked, max_batch_events(feed.columns.levels, cfg.ingest.max_batch_frame_bytes))
+    return min(asked, max_batch_events(feed.columns.levels, cfg.ingest.batch_frame_limit()))
 
 
 def _collector_topics(cfg: Config, k: int, n: int) -> list[str] | None:

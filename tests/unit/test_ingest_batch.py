@@ -269,3 +269,14 @@ def test_a_plain_msgpack_client_writes_the_readme_example_and_the_ingest_takes_i
         assert rig.identity_holds()
     finally:
         rig.close()
+
+
+def test_the_batch_frame_limit_stays_within_what_libzmq_delivers():
+    from hft_infer.config import load_config
+
+    assert load_config(None, []).ingest.batch_frame_limit() == 65536
+    assert load_config(None, ["ingest.max_msg_size_bytes=2000"]).ingest.batch_frame_limit() == 2000
+    assert load_config(None, ["ingest.max_msg_size_bytes=-1", "ingest.max_batch_frame_bytes=200000"]
+                       ).ingest.batch_frame_limit() == 200000
+    assert load_config(None, ["ingest.max_frame_bytes=100000", "ingest.max_msg_size_bytes=-1"]
+                       ).ingest.batch_frame_limit() == 100000
