@@ -57,6 +57,9 @@ class FeatureStore:
                                   pin_memory=pin_memory)
         self.array = self.tensor.numpy()  # same memory
         self._flat = self.array.reshape(-1, self.width)  # a view: row index = slot * depth + pos % depth
+        # the same rows as one opaque item each (ingest_batch.py scatters whole rows through it)
+        self.row_item_dtype = np.dtype((np.void, self.width * 4))
+        self.row_items = self._flat.view(self.row_item_dtype).reshape(-1)
         self._bytes = memoryview(self.array).cast("B")
         self._row_bytes = self.width * 4
         self._slot_bytes = depth * self._row_bytes

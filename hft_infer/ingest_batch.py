@@ -285,10 +285,10 @@ class EventBatchPaths:
             src = order
             if not keep.all():
                 src, s_sorted, positions = src[keep], s_sorted[keep], positions[keep]
-            idx = s_sorted * depth + positions % depth
-            flat[idx, :width_book] = books[src]
-            flat[idx, width_book:] = 0.0
-            return
+            rows = np.zeros((len(src), store.width), np.float32)
+            rows[:, :width_book] = books.take(src, axis=0)
+            # whole rows as one opaque item each: numpy's scatter is then a memcpy per row
+            store.row_items[s_sorted * depth + positions % depth] = rows.view(store.row_item_dtype).ravel()
         else:
             t_sorted = trades[order]
             # the book of each row: its own (a quote), else the slot's last quote before it in the run
@@ -296,21 +296,21 @@ class EventBatchPaths:
             np.maximum.accumulate(last_quote, out=last_quote)
             from_run = last_quote >= start_of  # -1, or another slot's: no quote of this slot before it
             sel = np.flatnonzero(keep)
-            rows = np.zeros((len(sel), store.width), np.float32)
             fr = from_run[sel]
-            rows[fr, :width_book] = books[order[last_quote[sel[fr]]]]
             ring = ~fr
+            rows = np.zeros((len(sel), store.width), np.float32)
+            # every row's book from the run (a plain slice assignment, not a masked one); the rows
+            # whose book is not in the run are overwritten from the ring below
+            rows[:, :width_book] = books.take(order.take(last_quote[sel], mode="clip"), axis=0)
             if ring.any():  # trades before the run's first quote of their slot: the ring's newest row
                 g = group[sel[ring]]
                 prev = before[g] - 1
-                src_rows = flat[s_sorted[sel[ring]] * depth + prev % depth, :width_book]
-                rows[ring, :width_book] = src_rows * (prev >= 0)[:, None]
+                rows[ring, :width_book] = flat[s_sorted[sel[ring]] * depth + prev % depth, :width_book] * (
+                    prev >= 0)[:, None]
             ts = t_sorted[sel]
             o = order[sel[ts]]
             rows[ts, width_book] = price[o]
             rows[ts, width_book + 1] = size[o] * side[o]
-            s_sorted, positions = s_sorted[sel], positions[sel]
-        flat[s_sorted * depth + positions % depth] = rows
-
+            store.row_items[s_sorted[sel] * depth + positions[sel] % depth] = rows.view(store.row_item_dtype).ravel()
 
 __all__ = ["EventBatchPaths"]

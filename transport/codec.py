@@ -117,6 +117,8 @@ def merged_event_columns(batches: list[EventBatch]) -> dict[str, np.ndarray]:
         parts = [getattr(b, name) for b in batches]
         if one:
             return parts[0]
+        if all(map(len, parts)):
+            return b"".join(parts)
         return b"".join(p if len(p) else fill * (b.n * size) for p, b in zip(parts, batches))
 
     cols = {name: np.frombuffer(joined(name, b"", 0), dtype=dt) for name, dt in EVENT_BATCH_COLUMNS}
