@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from hft_infer.transport.schema import Heartbeat, IngressMessage, Quote, Trade
+from hft_infer.transport.codec import events_of_batch
+from hft_infer.transport.schema import EventBatch, Heartbeat, IngressMessage, Quote, Trade
 
 from .capture_format import CaptureError
 from .capture_reader import Capture
@@ -24,7 +25,7 @@ class DecodedCapture:
     events: np.ndarray  # event table (Quote and Trade messages, in capture order)
     record_index: np.ndarray  # int64: the capture record each event came from
     heartbeats: int
-    undecodable: int  # payloads that are not Quote/Trade/Heartbeat (counted, skipped)
+    undecodable: int  # payloads that are not Quote/Trade/Heartbeat/EventBatch (counted, skipped)
 
 
 def decode_events(capture: Capture, levels: int | None = None) -> DecodedCapture:
@@ -38,8 +39,8 @@ def decode_events(capture: Capture, levels: int | None = None) -> DecodedCapture
     """
     dec = msgspec.msgpack.Decoder(IngressMessage).decode
     payloads = capture.payloads()
-    quotes: list[tuple[int, Quote]] = []
-    trades: list[tuple[int, Trade]] = []
+    quotes: list[tuple[int, int, Quote]] = []  # (record, event within the record, message)
+    trades: list[tuple[int, int, Trade]] = []
     heartbeats = undecodable = 0
     for i, p in enumerate(payloads):
         try:
@@ -49,19 +50,27 @@ def decode_events(capture: Capture, levels: int | None = None) -> DecodedCapture
             continue
         t = type(m)
         if t is Quote:
-            quotes.append((i, m))
+            quotes.append((i, 0, m))
         elif t is Trade:
-            trades.append((i, m))
+            trades.append((i, 0, m))
         elif t is Heartbeat:
             heartbeats += 1
+        elif t is EventBatch:  # its events, each from this record, in order
+            events = events_of_batch(m)
+            if events is None:
+                undecodable += 1
+                continue
+            for k, e in enumerate(events):
+                (quotes if type(e) is Quote else trades).append((i, k, e))
     if levels is None:
-        levels = max([q.n_levels for _, q in quotes], default=1) or 1
+        levels = max([q.n_levels for _, _, q in quotes], default=1) or 1
     n = len(quotes) + len(trades)
     ev = empty_events(n, levels)
-    rec = np.array([i for i, _ in quotes] + [i for i, _ in trades], dtype=np.int64)
+    rec = np.array([i for i, _, _ in quotes] + [i for i, _, _ in trades], dtype=np.int64)
+    sub = np.array([k for _, k, _ in quotes] + [k for _, k, _ in trades], dtype=np.int64)
     nq = len(quotes)
     if nq:
-        qs = [q for _, q in quotes]
+        qs = [q for _, _, q in quotes]
         ev["instrument"][:nq] = [q.instrument for q in qs]
         ev["seq"][:nq] = [q.seq for q in qs]
         ev["ts_exchange_ns"][:nq] = [q.ts_exchange_ns for q in qs]
@@ -83,7 +92,7 @@ def decode_events(capture: Capture, levels: int | None = None) -> DecodedCapture
             k = min(depth, levels)
             ev["book"][rows, :k] = block[:, :k]
     if trades:
-        ts_ = [t for _, t in trades]
+        ts_ = [t for _, _, t in trades]
         sl = slice(nq, n)
         ev["instrument"][sl] = [t.instrument for t in ts_]
         ev["seq"][sl] = [t.seq for t in ts_]
@@ -93,7 +102,7 @@ def decode_events(capture: Capture, levels: int | None = None) -> DecodedCapture
         ev["price"][sl] = [t.price for t in ts_]
         ev["size"][sl] = [t.size for t in ts_]
         ev["side"][sl] = [t.side for t in ts_]
-    order = np.argsort(rec, kind="stable")  # back to capture order
+    order = np.lexsort((sub, rec))  # back to capture order (and feed order within an EventBatch)
     return DecodedCapture(ev[order], rec[order], heartbeats, undecodable)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from hft_infer.client.endpoints import KeyPath, curve_keys, service_endpoints
-from hft_infer.transport.codec import SERVICE_TOPIC, topic_for
+from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, event_batch, topic_for
 from hft_infer.transport.curve import ZapAuthenticator
 from hft_infer.transport.schema import (
     ALL_INSTRUMENTS,
@@ -228,6 +228,33 @@ class FeedPublisher:
         sd = side_arr.astype(np.int64).tolist()  # ints on the wire: a float 1.0 would not decode as a side
         return self._send_each(inst, ts_exchange_ns, priorities, lambda k, i, seq, ts_ex, now, pri: Trade(
             i, seq, ts_ex, now, px[k], sz[k], sd[k], pri))
+
+    def publish_quote_batch(self, instruments, books, *, ts_exchange_ns=None, priorities=None) -> int:
+        """Many Quotes as ONE EventBatch frame (README *Wire schema*): the same events as
+        `publish_quotes` sends one frame each, at the cost of one frame; the service handles a
+        batch as columns (~0.3 µs per event against ~2.5 µs per single-quote frame on the H200
+        host). Arguments as for `publish_quotes`; every quote gets the batch's `ts_send_ns`.
+        Returns n, or 0 if the frame was dropped (no sequence number is taken then). Keep a
+        frame under the service's ingest.max_batch_frame_bytes (65536: ~330 quotes of 10 levels)."""
+        inst = _instrument_list(instruments)
+        n = len(inst)
+        block = np.ascontiguousarray(books, dtype="<f4")
+        if block.ndim not in (2, 3) or block.shape[0] != n or n < 1 or (block.ndim == 3 and block.shape[2] != 4):
+            raise ValueError(f"{n} instruments but books of shape {block.shape}")
+        ts_ex = _column(ts_exchange_ns, n, 0, "ts_exchange_ns")
+        pris = [_priority(p) for p in _column(priorities, n, None, "priorities")]
+        seqs = dict(self._seq)
+        seq = []
+        for i in inst:
+            s = seqs.get(i, 0)
+            seq.append(s)
+            seqs[i] = s + 1
+        batch = event_batch(inst, seq, ts_ex, [time.time_ns()] * n, block,
+                            None if all(p == NO_PRIORITY for p in pris) else pris)
+        if not self._send(BATCH_TOPIC, batch):
+            return 0
+        self._seq = seqs
+        return n
 
     def _send_each(self, inst: list[int], ts_exchange_ns, priorities, message) -> int:
         """Send `message(k, instrument, seq, ts_exchange_ns, ts_send_ns, priority)` for each k in

@@ -275,3 +275,19 @@ def test_info_module_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hft_infer.replay.capture", str(tmp_path / "missing.cap")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_decode_events_takes_the_events_of_an_event_batch_in_order(tmp_path):
+    from hft_infer.replay.pacer import FeedColumns
+    from hft_infer.transport.codec import BATCH_TOPIC
+
+    ev = _session(levels=1)  # every quote of the feed's depth: the whole table goes in one batch
+    cols = FeedColumns.of_events(ev)
+    assert cols.batchable.all() and cols.kind  # quotes and trades
+    frames = encode_frames(ev)
+    msgs = frames[:2] + [(BATCH_TOPIC, encode(cols.batch(2, 12, 0)))]
+    p = tmp_path / "b.cap"
+    write_capture(p, range(len(msgs)), msgs)
+    d = decode_events(read_capture(p))
+    np.testing.assert_array_equal(d.events, ev)
+    assert d.record_index.tolist() == [0, 1] + [2] * 10 and d.undecodable == 0
