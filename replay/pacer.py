@@ -374,7 +374,6 @@ class Pacer:
         SNDMORE = int(zmq.SNDMORE)  # a plain int: an enum flag costs ~1.7 us per send (tools/bench_capture.py)
         pack_into = _U64.pack_into
         time_ns = time.time_ns
-        progress = self.progress_hook
         interval = self.progress_interval_ns
         next_progress = start + interval
         topic_frame = self.topic_frame
@@ -391,11 +390,15 @@ class Pacer:
             record(now)
             if now >= next_progress:  # about once a second: the only non-send work in the loop
                 next_progress = now + interval
-                if progress is not None:
-                    progress(len(actual), n)
-                if self._stop:
+                if self._progress(len(actual), n):
                     break
         return _result(intended, actual, n)
+
+    def _progress(self, sent: int, n: int) -> bool:
+        """The loops' once-a-second work: report progress; True when asked to stop."""
+        if self.progress_hook is not None:
+            self.progress_hook(sent, n)
+        return self._stop
 
     def _run_batched(self, start: int) -> PaceResult:
         """`_run`, except that events already due when one is sent go with it, up to feed_batch of
@@ -420,7 +423,6 @@ class Pacer:
         most = self.feed_batch
         gap = self.feed_batch_ns
         last_send = -gap
-        progress = self.progress_hook
         interval = self.progress_interval_ns
         next_progress = start + interval
         topic_frame = self.topic_frame
@@ -457,9 +459,7 @@ class Pacer:
             i = j
             if now >= next_progress:
                 next_progress = now + interval
-                if progress is not None:
-                    progress(len(actual), n)
-                if self._stop:
+                if self._progress(len(actual), n):
                     break
         return _result(intended, actual, n)
 
