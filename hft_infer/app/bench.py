@@ -80,6 +80,8 @@ def check_harness_args(args: argparse.Namespace) -> None:
         raise UserError(f"--collectors must be >= 1 (got {args.collectors})")
     if not args.null_delay_us >= 0:
         raise UserError(f"--null-delay-us must be >= 0 (got {args.null_delay_us:g})")
+    if not 1 <= args.feed_batch <= 65536:
+        raise UserError(f"--feed-batch must be 1..65536 (1: one event per frame), got {args.feed_batch}")
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
@@ -169,6 +171,9 @@ def run(args: argparse.Namespace):
         check_shard_count(args.shards, cfg, n_inst)
     if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
         raise UserError("--shard-collectors must be >= 1 and needs --shards")
+    if args.shards is not None and args.feed_batch > 1:
+        raise UserError("--feed-batch with --shards: an EventBatch goes to every shard (each would reject the "
+                        "others' events); the shard bench sends one event per frame")
     if args.shards is not None and args.collectors > 1:
         raise UserError("--collectors splits one service's topics; with --shards, --shard-collectors K gives "
                         "K collectors of N/K shards each")

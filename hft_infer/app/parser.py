@@ -44,16 +44,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the final summary JSON here")
 
 
-def _feed_batch(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= n <= 65536:
-        raise argparse.ArgumentTypeError(f"must be 1..65536, got {n}")
-    return n
-
-
 def add_harness_arguments(p: argparse.ArgumentParser) -> None:
     """The load generator's options, shared by bench and replay."""
     add_transport_argument(p)
@@ -72,7 +62,7 @@ def add_harness_arguments(p: argparse.ArgumentParser) -> None:
     floor.add_argument("--with-floor", action="store_true",
                        help="run the null service first, then the service, with the same feed and harness; "
                             "print both tables and their ratio")
-    p.add_argument("--feed-batch", type=_feed_batch, default=1, metavar="N",
+    p.add_argument("--feed-batch", type=int, default=1, metavar="N",
                    help="when several events are due at once (the pacer fell behind: at high rates, or sleeping), "
                         "send up to N of them as one EventBatch frame (default 1: one event per frame, as a feed "
                         "of single quotes); capped so that a frame fits the service's ingest.max_batch_frame_bytes")
