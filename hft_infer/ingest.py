@@ -53,6 +53,10 @@ Why this file runs a little past ~450 lines: the burst loop is one function with
 hoisted locals on purpose (a helper call per event costs ~0.1 µs of CPython);
 the cold paths already live in ingest_cold.py.
 
+EventBatch frames (many events in one frame, transport/schema.py) are decoded in phase 2 like
+any frame; a burst holding them goes to ingest_batch.py (`_handle_mixed`), which handles runs of
+batches as columns and everything else through `_handle_frames`, in feed order.
+
 Over iceoryx2 (`ShmIngest`, chosen by channels.py) only phase 1 differs: one sample is one whole
 frame with no topic frame (transport/shm.py copies it into bytes); phases 2 and 3 (`_finish`)
 are the same code, so checks, reasons, stages and accounting do not depend on the transport.
@@ -225,7 +229,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             else:
                 events += self._handle_frames(msgs, tops, recvs, offset)
         self.acct.received += events
-        self.burst_ns = (perf_ns() - t_first) // max(n, events)  # per event (a EventBatch holds many)
+        self.burst_ns = (perf_ns() - t_first) // max(n, events)  # per event (an EventBatch holds many)
 
     def _handle_frames(self, msgs: list, tops: list, recvs: list[int], offset: int) -> int:
         """Decoded single-event frames (and heartbeats, resets, failures), in chunks of at most the

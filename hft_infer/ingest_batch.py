@@ -1,32 +1,32 @@
-"""The ingest of EventBatch frames: many quotes in one frame, handled as columns.
+"""The ingest of EventBatch frames: many events (quotes and trades) in one frame, handled as columns.
 
-A EventBatch (transport/schema.py) stands for the same quotes sent one frame each, in order, and
-ends exactly as they would: every quote is checked, sequenced, counted and answered as the
+An EventBatch (transport/schema.py) stands for the same events sent one frame each, in order,
+and ends exactly as they would: every event is checked, sequenced, counted and answered as the
 per-frame path does (ingest.py). What changes is the cost. Past the rate at which one core can
-read single-quote frames (two recv calls and a decode each: ~1-3 µs per event,
-docs/notes/ingest.md), a feed that never drops queues up and every event is stale when read;
-a batch is one recv pair and one decode however many quotes it holds, and this module handles
-it with numpy over the columns, so the cost per quote falls as batches grow -- and under
-overload they grow by themselves (the drain reads every frame that is ready, and consecutive
-batches are merged into one set of columns).
+read single-event frames (two recv calls, a decode and ~1 µs of Python each: ~2.5 µs per event
+on the H200 host, docs/notes/ingest.md), a feed that never drops queues up and every event is
+stale when read; a batch is one recv pair and one decode however many events it holds, and this
+module handles a run of consecutive batches (merged, up to RUN_MAX events) with numpy over the
+columns, so an event costs its share of a few numpy passes (~0.3 µs on the H200 host in frames
+of 256, tools/bench_hotpath.py) and an instrument its trigger.
 
-The column path (conflating models, the model's number of levels, a clean batch): one numpy
-pass checks the whole merged run -- every instrument known, ts_send_ns and priority in range,
-every book finite and non-negative (the high-byte rule of transport/codec.py), and each
-instrument's sequence numbers consecutive from its last one. Then per instrument of the run
-(not per quote): its last `depth` rows are written with one fancy assignment (older rows of the
-run would be overwritten in the ring before any step reads them: the window only ever sees the
-last `depth`), its position count and last sequence advance, and its newest quote is the
-trigger, queued or shed STALE exactly as Ingest._queue_newest does for a burst of frames (the
-earlier ones are CONFLATED into it). So a quote costs its share of a few numpy calls, and an
-instrument its push.
+The column path (a conflating model, the model's number of levels, a clean run of COLUMNS_MIN or
+more events): one numpy pass checks the whole run -- every instrument known, ts_send_ns and
+priority in range, every book finite and non-negative (the high-byte rule of transport/codec.py),
+trades' price, size and side as codec.validate_trade, and each instrument's sequence numbers
+consecutive from its last one. Then each slot's last `depth` rows of the run are scattered into
+the ring as whole rows (older ones would be overwritten before any step reads them; a trade
+repeats the book of the slot's row before it), its position count and last sequence advance,
+and its newest event is the trigger, queued or shed STALE exactly as Ingest._queue_newest does
+for a burst of frames (the earlier ones are CONFLATED into it).
 
-Everything else -- a sequential (stateful) model, another number of levels, any quote that
-fails a check, a gap, a restart or a repeat in the sequence, a batch under another topic than
-BATCH_TOPIC -- takes the general path: the batch is expanded into its Quote messages
-(codec.events_of_batch) and handled by the per-frame code, which is the one definition of every
-rule (tests/unit/test_ingest_batch.py holds the column path to it). A batch whose columns do not
-match its `n` is one DECODE_ERROR, as any frame that is not our schema.
+Everything else -- a shorter run, a sequential (stateful) model, another number of levels, any
+event that fails a check, a gap, a restart or a repeat in the sequence, a batch under another
+topic than BATCH_TOPIC -- takes the general path: the batch is expanded into its Quote and Trade
+messages (codec.events_of_batch) and handled with the burst's other frames by the per-frame
+code, the one definition of every rule (tests/unit/test_ingest_batch.py holds the column path to
+it). A batch whose columns do not match its `n` and `n_levels` is one DECODE_ERROR, as any frame
+that is not our schema.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from hft_infer.transport.schema import TAG_EVENT_BATCH, EventBatch, Kind, Quote,
 DECODE_ERROR = int(Reason.DECODE_ERROR)
 KIND_TRADE = int(Kind.TRADE)
 # events in a run of batches from which the column path pays (numpy costs ~1-3 µs per call, the
-# per-frame path ~3-5 µs per event on the dev VM: tools/bench_hotpath.py --feed-batch)
+# per-frame path ~3-5 µs per event on the dev VM: tools/bench_hotpath.py's EventBatch rows)
 COLUMNS_MIN = 32
 # most events handled as one run: past a few thousand the run's columns leave the CPU's caches
 # and the cost per event rises again (dev VM: ~0.75 µs/event in runs of 64, ~1.3 in one of 30,000)
@@ -77,7 +77,7 @@ class EventBatchPaths:
         self._topic_of_id = lambda inst: topic_of.get(inst) or topic_for(inst)
 
     def _batch_sized(self, payload) -> bool:
-        """Cold: a frame over max_frame_bytes is still read if it is a EventBatch within
+        """Cold: a frame over max_frame_bytes is still read if it is an EventBatch within
         max_batch_frame_bytes (its tag is read from the msgpack header, nothing decoded)."""
         return len(payload) <= self.max_batch_frame_bytes and message_tag(memoryview(payload)) == TAG_EVENT_BATCH
 
