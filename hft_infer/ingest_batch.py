@@ -271,6 +271,7 @@ class EventBatchPaths:
         the run, or the ring's newest row before the run) with its price and signed size."""
         store = self.store
         depth, flat = store.depth, store._flat
+        s_sorted = s_sorted.astype(np.int64)  # int16 for the sort; slot * depth overflows int16
         before = np.asarray([store.count[s] for s in uniq], dtype=np.int64)
         first = np.zeros(n, dtype=np.int64)
         first[starts] = 1

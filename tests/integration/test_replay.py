@@ -102,6 +102,26 @@ def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
     assert "Percentile" in (tmp_path / "run0" / "tick_to_decision.hgrm").read_text()
 
 
+def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
+    """The same synthetic events as EventBatch frames (--max: every event due at once, so the
+    pacer fills its frames and the service takes the column path) decide exactly as the offline
+    reference, at the default service's shape (64 instruments, a ring of ~600 rows)."""
+    with ServiceUnderTest() as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "6000", "--max", "--feed-batch", "64", "--verify",
+                "--set", "service.name=t", *sum((["--set", o] for o in TEST_MODEL), []),
+                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "0 mismatches" in r.stderr
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        final = svc.stop()
+    assert summary["harness"]["feed_batch"] == 64
+    assert summary["accounting"]["lost"] == 0 and summary["accounting"]["sent"] == 6000
+    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] > 0
+    assert final.received == 6000
+
+
 def test_verify_detects_a_perturbed_decision():
     from hft_infer.app.verify import verify
     from hft_infer.config import load_config

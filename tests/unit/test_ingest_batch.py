@@ -280,3 +280,21 @@ def test_the_batch_frame_limit_stays_within_what_libzmq_delivers():
                        ).ingest.batch_frame_limit() == 200000
     assert load_config(None, ["ingest.max_frame_bytes=100000", "ingest.max_msg_size_bytes=-1"]
                        ).ingest.batch_frame_limit() == 100000
+
+
+def test_the_column_path_at_the_services_shape_writes_every_slots_rows():
+    """64 instruments and a ring of ~600 rows, as the default service has (slot * depth is past
+    int16: the column path sorts slots as int16 and must index the ring in int64), with trades."""
+    rng = np.random.default_rng(RNG_SEED + 2)
+    seqs = [0] * 64
+    runs = [_feed(rng, k, 64, seqs) for k in (200, 300, 64)]
+    a, b = (IngestRig(instruments=64, topic_frame=True, depth=600) for _ in range(2))
+    try:
+        for q in runs:
+            burst(a, [batch_frame(q[x:x + 50]) for x in range(0, len(q), 50)])
+        one_by_one(b, [f for q in runs for f in frames_of(q)])
+        _compare(a, b)
+        assert a.store.count[63] > 0 and np.abs(a.store.array[63]).sum() > 0
+    finally:
+        a.close()
+        b.close()
