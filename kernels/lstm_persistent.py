@@ -42,6 +42,7 @@ from hft_infer.kernels.lstm import LstmWeights, _lstm_copy_h, _lstm_head, _lstm_
 from hft_infer.kernels.persistent import (
     CNT_DONE_C as _CNT_DONE,
     LINE_C as _LINE,
+    NUM_STAGES,
     RESET_C as _RESET,
     STEP_C as _STEP,
     PersistentKernel,
@@ -201,17 +202,19 @@ class LstmPersistent(PersistentKernel):
     def programs(self) -> int:
         return self.w.n_blocks * self.split
 
-    def _launch(self) -> None:
+    def _launch_spec(self) -> tuple:
         w = self.w
         prec, bf16 = dot_flags(w.precision)
-        _lstm_persistent_kernel[(w.n_blocks, self.split)](
-            *self.ring_args(), self.times, self.sync,
-            w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
-            self.h, self.c, self.scratch, self.xp, self.thresholds, self.held,
-            F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh, BLOCK_K=w.block_k,
-            BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m, WINDOW=self.window_mode, **self.ring_consts(),
-            PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
-            TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps)
+        return (_lstm_persistent_kernel, (w.n_blocks, self.split),
+                (*self.ring_args(), self.times, self.sync,
+                 w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
+                 self.h, self.c, self.scratch, self.xp, self.thresholds, self.held),
+                dict(F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh,
+                     BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
+                     WINDOW=self.window_mode, **self.ring_consts(),
+                     PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
+                     TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps,
+                     num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:
         self.h.zero_()

@@ -31,6 +31,7 @@ from hft_infer.kernels.common import OUT_COLS, dot_flags, interpreting
 from hft_infer.kernels.mlp import BLOCK_B_MAX, MlpWeights, _mlp_finish, _mlp_partial
 from hft_infer.kernels.persistent import (
     LINE_C as _LINE,
+    NUM_STAGES,
     RESET_C as _RESET,
     STEP_C as _STEP,
     PersistentKernel,
@@ -131,17 +132,18 @@ class MlpPersistent(PersistentKernel):
     def programs(self) -> int:
         return self.w.programs_per_tile
 
-    def _launch(self) -> None:
+    def _launch_spec(self) -> tuple:
         w = self.w
         prec, bf16 = dot_flags(w.precision)
-        _mlp_persistent_kernel[(w.programs_per_tile,)](
-            *self.ring_args(), self.times, self.sync,
-            w.mean, w.inv_std, w.w1, w.b1, w.w2, w.b2, w.w3, w.b3, self.part, self.thresholds, self.held,
-            F=w.features, W=w.window, H1P=w.h1p, H2P=w.h2p, HLP=w.hlp, NUM_HIDDEN=w.num_hidden,
-            BN=w.bn, BK=w.bk, NCHUNK=w.nchunk, KSPLIT=w.ksplit, CPS=w.cps, BLOCK_B=self.block_b,
-            BK1=min(32, w.h1p), **self.ring_consts(),
-            PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), OUT_C=OUT_COLS,
-            TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps)
+        return (_mlp_persistent_kernel, (w.programs_per_tile,),
+                (*self.ring_args(), self.times, self.sync,
+                 w.mean, w.inv_std, w.w1, w.b1, w.w2, w.b2, w.w3, w.b3, self.part, self.thresholds, self.held),
+                dict(F=w.features, W=w.window, H1P=w.h1p, H2P=w.h2p, HLP=w.hlp, NUM_HIDDEN=w.num_hidden,
+                     BN=w.bn, BK=w.bk, NCHUNK=w.nchunk, KSPLIT=w.ksplit, CPS=w.cps, BLOCK_B=self.block_b,
+                     BK1=min(32, w.h1p), **self.ring_consts(),
+                     PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), OUT_C=OUT_COLS,
+                     TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps,
+                     num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:
         self.held.zero_()

@@ -65,6 +65,7 @@ captures the copy graphs) and allocate before `start()`.
 from __future__ import annotations
 
 import platform
+import re
 import time
 
 import numpy as np
@@ -424,16 +425,55 @@ def _stamp(time_ptr, i, TIMING: tl.constexpr):
 # --------------------------------------------------------------------------- kernel life cycle
 
 
+NUM_STAGES = 1
+"""Software pipelining off in every persistent kernel. Triton's pipeliner turns a loop's loads
+that feed a tl.dot into cp.async copies, and it does so for volatile loads too: a cp.async has
+no volatile form, and Triton 3.6/3.8 emit `cp.async.ca` (cached in L1) for the 4-byte gathers
+of the request payload. L1 is not coherent, so when a ring slot came round again the programs
+read the previous request's rows from their L1: the persistent engines' wrong results of
+waves 2-4 (issue 13), found by compiling the kernels for sm_90 and reading their PTX. Launched
+kernels never saw it (a launch starts with a clean L1). `asm_problems` checks every persistent
+kernel's PTX for it (tests/unit/test_persistent_asm.py, on a CPU)."""
+
+
+def asm_problems(ptx: str) -> list[str]:
+    """Why a persistent kernel's PTX may read stale request data (empty when none is found):
+    any cp.async (it ignores `volatile`; .ca caches in L1), any non-coherent ld.global.nc."""
+    problems = []
+    n_async = len(re.findall(r"\bcp\.async\.c[ag]\b", ptx))
+    if n_async:
+        problems.append(f"{n_async} cp.async copies (software pipelining: volatile loads lose their semantics)")
+    n_nc = len(re.findall(r"\bld\.global\.nc\b", ptx))
+    if n_nc:
+        problems.append(f"{n_nc} ld.global.nc loads (the read-only path caches in L1)")
+    if "ld.volatile.global" not in ptx:
+        problems.append("no volatile global load (the request path polls and reads with them)")
+    return problems
+
+
+def _signature_type(value) -> str:
+    """Triton signature type of a launch argument (tensors by dtype, Python ints as i64)."""
+    if isinstance(value, torch.Tensor):
+        return "*" + {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+                      torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8"}[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton signature type for {type(value).__name__}")
+
+
 class PersistentKernel:
-    """Life cycle of one persistent kernel behind a RequestRing: subclasses provide `_launch()`
-    (one launch that serves until the stop flag), `_zero_state()` and `programs`."""
+    """Life cycle of one persistent kernel behind a RequestRing: subclasses provide
+    `_launch_spec()` (the one launch that serves until the stop flag), `_zero_state()` and
+    `programs`. A kernel may be built on any device (its PTX for a CUDA target can then be
+    read: `compile_asm`); starting one needs `persistent_supported`."""
 
     def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False) -> None:
         self.ring = ring
         self.device = torch.device(device)
-        ok, why = persistent_supported(self.device)
-        if not ok:
-            raise RuntimeError(f"persistent kernel refused: {why}")
         self.sync = torch.zeros(SYNC_LINES * LINE, dtype=torch.int64, device=self.device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         self.timing = bool(timing) and not interpreting()
@@ -447,17 +487,51 @@ class PersistentKernel:
     def programs(self) -> int:
         raise NotImplementedError
 
-    def _launch(self) -> None:
+    def _launch_spec(self) -> tuple:
+        """(jit function, grid, positional arguments, keyword arguments: constexprs and launch
+        options) of the one launch."""
         raise NotImplementedError
+
+    def _launch(self) -> None:
+        fn, grid, args, kwargs = self._launch_spec()
+        fn[grid](*args, **kwargs)
+
+    def compile_asm(self, arch: int = 90, **options) -> dict:
+        """Compile the launch for CUDA sm_`arch` without a GPU (Triton's bundled ptxas) and
+        return its stages (`["ptx"]`, `["ttgir"]`, ...): the code the device would run.
+        options (num_warps, num_stages) replace the launch's own (tests of the check)."""
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        fn, _, args, kwargs = self._launch_spec()
+        kwargs = dict(kwargs)
+        options = {**{k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}, **options}
+        if interpreting():
+            raise RuntimeError("compile_asm needs TRITON_INTERPRET unset (the interpreter's kernels do not compile)")
+        names = fn.arg_names
+        if len(args) + len(kwargs) != len(names):
+            raise ValueError(f"{fn.__name__} takes {len(names)} arguments, the launch gives {len(args) + len(kwargs)}")
+        signature = {name: _signature_type(v) for name, v in zip(names, args)}
+        signature.update({name: "constexpr" for name in kwargs})
+        constexprs = {(names.index(k),): v for k, v in kwargs.items()}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32), options=options)
+        return compiled.asm
 
     def _zero_state(self) -> None:
         raise NotImplementedError
+
+    def _require_supported(self) -> None:
+        ok, why = persistent_supported(self.device)
+        if not ok:
+            raise RuntimeError(f"persistent kernel refused: {why}")
 
     def start(self) -> None:
         """Launch the kernel on its own stream (returns at once on a GPU). Under the
         interpreter the launch runs to its end: post the requests and raise the stop flag first."""
         if self.running:
             raise RuntimeError("kernel already running")
+        self._require_supported()
         if not interpreting():
             self.ring.prepare()
             self.ring.clear()
@@ -493,6 +567,7 @@ class PersistentKernel:
         a persistent kernel spins."""
         if self.running:
             raise RuntimeError("precompile while running")
+        self._require_supported()
         self.ring.prepare()
         self.ring.clear()
         self.ring.raise_stop()
@@ -571,9 +646,10 @@ class FloorKernel(PersistentKernel):
     def programs(self) -> int:
         return 1
 
-    def _launch(self) -> None:
-        _floor_kernel[(1,)](*self.ring_args(), self.times, **self.ring_consts(), OUT_C=OUT_COLS,
-                            TIMING=self.timing, TSLOTS=self.time_slots, num_warps=1)
+    def _launch_spec(self) -> tuple:
+        return (_floor_kernel, (1,), (*self.ring_args(), self.times),
+                dict(**self.ring_consts(), OUT_C=OUT_COLS, TIMING=self.timing, TSLOTS=self.time_slots,
+                     num_warps=1, num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:
         pass

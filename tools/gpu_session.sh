@@ -8,6 +8,7 @@
 #   tools/gpu_session.sh diag      # tools/diag_persistent.py (persistent and graph), diag_graph_inputs.py
 #   tools/gpu_session.sh persistent  # the persistent engines: GPU tests, diag, engines, e2e over both transports
 #   tools/gpu_session.sh wave5     # issue 12's landing check: GPU tests, e2e per frame and over EventBatch, goodput
+#   tools/gpu_session.sh wave6     # the persistent engines after the pipelining fix: PTX check, diagnostics, tests, engines, e2e
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -328,6 +329,21 @@ elif [ "$phase" = wave5 ]; then
   summarize
   verbatim gpu_tests overload hotpath
   cp -f "$WORK/goodput.png" "$OUT/" 2>/dev/null
+elif [ "$phase" = wave6 ]; then
+  # the persistent engines after the pipelining fix (kernels/persistent.py, NUM_STAGES): the PTX check on
+  # this host's Triton, the diagnostics that showed the wrong results, GPU tests, engines, e2e over both transports
+  step asm 60 $PY tools/check_persistent_asm.py
+  step diag_persistent 70 $PY tools/diag_persistent.py --engine persistent
+  step diag_ring_order 70 $PY tools/diag_ring_order.py --presets lstm_a,lstm_a/stream,mlp_small --variants graph,ring5
+  step persistent_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernel_persistent.py \
+       tests/integration/test_gpu_engines.py -k "persistent or floor"
+  step bench_engines 110 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window,lstm_b/window,lstm_a/stream \
+       --batches 1,64 --json "$WORK/bench_engines.json"
+  [ -f tools/bench_shm.sh ] && step shm 120 env BUDGET_S=115 RUNS="floor persistent" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 persistent:iceoryx2:100000 floor:iceoryx2:100000 \
+       persistent:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"
+  summarize
+  verbatim asm diag_persistent diag_ring_order persistent_tests bench_engines shm
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

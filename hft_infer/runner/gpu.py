@@ -257,16 +257,15 @@ class PersistentEngine(_GpuEngine):
 
     def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
                  max_inflight: int = 4, max_programs: int | None = None) -> None:
-        from hft_infer.kernels.persistent import RequestRing, persistent_supported
+        from hft_infer.kernels.persistent import persistent_supported
         from hft_infer.runner.staging import RowGather
 
         ok, why = persistent_supported(kstep.device)
         if not ok:
             raise EngineFailure(f"persistent engine refused: {why}")
         self.kstep = kstep
-        # one ring slot more than requests in flight (the ring's rule: kernels/persistent.py)
-        self.ring = RequestRing(max_batch, rows_per_entry=kstep.staged_rows, width=kstep.features,
-                                n_requests=max(2, max_inflight) + 1, device=kstep.device, transport=self.transport)
+        self.ring = self.request_ring(kstep, max_batch=max_batch, max_inflight=max_inflight,
+                                      transport=self.transport)
         self.max_inflight = self.ring.n_requests  # buffers = ring slots; can_submit keeps one free
         # any batch size is served as is: no bucket padding
         super().__init__(list(range(1, self.ring.max_batch + 1)), sink_slot, stateful=kstep.stateful,
@@ -281,6 +280,16 @@ class PersistentEngine(_GpuEngine):
         self._seq = [0] * k
         self._submitted_ns = [0] * k
         self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
+
+    @staticmethod
+    def request_ring(kstep: KernelStep, *, max_batch: int, max_inflight: int, transport: str = "dma"):
+        """The engine's request ring for `kstep` (also built without a GPU by
+        tools/check_persistent_asm.py, to compile the kernel the engine would launch)."""
+        from hft_infer.kernels.persistent import RequestRing
+
+        # one ring slot more than requests in flight (the ring's rule: kernels/persistent.py)
+        return RequestRing(max_batch, rows_per_entry=kstep.staged_rows, width=kstep.features,
+                           n_requests=max(2, max_inflight) + 1, device=kstep.device, transport=transport)
 
     @property
     def can_submit(self) -> bool:

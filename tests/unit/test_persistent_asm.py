@@ -1,0 +1,52 @@
+"""The persistent kernels, compiled for the H200 (sm_90) exactly as the engine launches them,
+read request data and model state only through coherent loads (no GPU needed: Triton's
+bundled ptxas). This is the check that found issue 13's wrong results: Triton's pipeliner
+had turned those volatile loads into L1-cached cp.async copies (kernels/persistent.py,
+NUM_STAGES). Both runs go through tools/check_persistent_asm.py in a child process without
+TRITON_INTERPRET (the kernels' tests in tests/kernels switch the interpreter on)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "check_persistent_asm.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=ROOT)
+
+
+def test_every_persistent_kernel_reads_requests_and_state_coherently():
+    cases = "floor,mlp_small,lstm_a,lstm_a/stream,lstm_b:bf16"
+    proc = _run("--cases", cases)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
+    assert sorted(rows) == sorted(cases.split(","))
+    for case, line in rows.items():
+        assert line.rstrip().endswith("none"), line
+        assert int(line.split()[2]) > 0, f"{case}: no volatile load at all: {line}"
+
+
+def test_the_check_finds_the_pipelined_loads_that_gave_wrong_results():
+    # the launch options before the fix (Triton's default of 3 stages): the payload and state
+    # loads become cp.async.ca, and the tool says so and fails
+    proc = _run("--cases", "mlp_small,lstm_a", "--num-stages", "3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for case in ("mlp_small", "lstm_a"):
+        line = next(row for row in proc.stdout.splitlines() if row.startswith(case + " "))
+        assert "cp.async copies" in line, line
+
+
+def test_bad_arguments_are_refused_with_a_reason():
+    proc = _run("--cases", "no_such_preset")
+    assert proc.returncode == 2
+    assert "no_such_preset" in proc.stderr
+    env_proc = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
+    assert env_proc.returncode == 2 and "TRITON_INTERPRET" in env_proc.stderr
