@@ -2,13 +2,18 @@
 # Where the service's time goes under overload: `hft-infer bench` at RATE with EventBatch frames,
 # and py-spy (pip install py-spy) sampling the service for SECONDS once the feed is flowing.
 #   tools/profile_overload.sh OUTDIR [RATE=1500000] [SECONDS=3] [extra bench args...]
+#   FEED_BATCH=0 tools/profile_overload.sh OUTDIR 10000 3 -c configs/gpu.toml   # one event per frame
+# (FEED_BATCH: --feed-batch, default 256; 0 leaves it out. SPY_RATE: py-spy samples/s, default 200;
+# NATIVE=1 adds native frames, e.g. time inside torch, libzmq or iceoryx2.)
 # Writes OUTDIR/bench.log, OUTDIR/spy.txt (py-spy raw stacks) and OUTDIR/spy_top.txt (the
 # frames by inclusive and by own share of the samples).
 set -u
 out=$1; rate=${2:-1500000}; secs=${3:-3}; shift 3 2>/dev/null || shift $#
 mkdir -p "$out"
 PY=${PY:-python3}
-$PY -m hft_infer bench --rate "$rate" --duration 4 --warmup 1 --feed-batch 256 --run-dir "$out/run" "$@" \
+feed=${FEED_BATCH:-256}
+[ "$feed" = 0 ] && feed_args=() || feed_args=(--feed-batch "$feed")
+$PY -m hft_infer bench --rate "$rate" --duration 4 --warmup 1 "${feed_args[@]}" --run-dir "$out/run" "$@" \
     > "$out/bench.log" 2>&1 &
 bench=$!
 for _ in $(seq 1 240); do  # the feed is generated first: wait for the pacer to start sending
@@ -18,7 +23,7 @@ done
 sleep 1.5
 pid=$(pgrep -f "hft_infer serve" | head -1)
 spy=$(command -v py-spy || echo "$(dirname "$(command -v $PY)")/py-spy")
-[ -n "$pid" ] && timeout $((secs + 10)) "$spy" record -p "$pid" -d "$secs" -r 200 -f raw -o "$out/spy.txt" \
+[ -n "$pid" ] && timeout $((secs + 10)) "$spy" record -p "$pid" -d "$secs" -r "${SPY_RATE:-200}" ${NATIVE:+--native} -f raw -o "$out/spy.txt" \
     > "$out/spy.log" 2>&1
 wait $bench
 $PY - "$out/spy.txt" > "$out/spy_top.txt" <<'PYEOF'
