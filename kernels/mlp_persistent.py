@@ -17,7 +17,8 @@ so a RESET request only zeroes held[slots] and the scheduler may conflate an ins
 triggers. Every program arrives at the counter for every request (resets too), and the
 lead publishes request r+2 only after the count says all of them are done with r+1 and it
 has read r+1's partials: one mailbox and one partial buffer serve all. Weights: plain
-loads, resident in each program's L1 after the first request (see lstm_persistent.py);
+loads, resident in each program's L1 after the first request (see lstm_persistent.py); the
+window rows and partials: volatile loads, never pipelined (kernels/persistent.py, NUM_STAGES);
 the grid is (H1P / block_n) x ksplit programs (mlp_small: 4 x 11 = 44 SMs), all resident.
 """
 

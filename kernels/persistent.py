@@ -53,7 +53,9 @@ store; the other programs spin on that mailbox in L2. Phases meet at monotonic i
 counters (each program adds 1 with release semantics; waiters spin with volatile loads
 until the count reaches programs x (steps + 1)). Data other programs or the copy engine
 wrote is read with volatile loads (L2, issued after the flag was seen: the spin loop's exit
-depends on it and GPUs do not issue loads speculatively), so nothing stale can come from L1.
+depends on it and GPUs do not issue loads speculatively), so nothing stale can come from L1 --
+provided no loop is software-pipelined: the pipeliner turns volatile loads into L1-cached
+cp.async copies (`NUM_STAGES` below; `asm_problems` checks a kernel's PTX for it).
 
 Platform: the host writes its pinned header copy and reads ctrl[DONE] and the result slots
 with plain loads and stores; x86-64 (TSO) keeps them in program order. `persistent_supported()`

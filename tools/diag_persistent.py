@@ -1,5 +1,10 @@
 """Where the persistent engines' wrong results come from (issue 13; run on a CUDA machine).
 
+Found at 08b885d: Triton's pipeliner had turned the kernels' volatile loads into L1-cached
+cp.async copies (kernels/persistent.py, NUM_STAGES; tools/check_persistent_asm.py checks the
+PTX without a GPU). Since then every variant below agrees with the CPU engine (0 of 300:
+docs/bench/h200-08b885d/diag_persistent.log); kept as a regression check.
+
     python tools/diag_persistent.py [--presets lstm_a,mlp_small] [--engine persistent]
 
 On the H200 host (docs/bench/h200-db6427a/) the persistent engines' results diverge from the

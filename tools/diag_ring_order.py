@@ -25,7 +25,9 @@ name a mode: lstm_a/stream.
 Measured at 231792d (H200 host, 10:36 UTC): graph, split+sync and fenced alike diverge in the
 single-request stream from the first reuse of a ring slot (lstm_a: row 3 with 3 slots, row 5
 with 5), so the header does not overtake the payload: the fault is elsewhere. At 3520d9b
-one-group, slow-host and stream mode diverge alike (lstm_a 292 of 300 each).
+one-group, slow-host and stream mode diverge alike (lstm_a 292 of 300 each). Found at 08b885d:
+the programs read the reused slot's payload (and the LSTM state) from a stale L1, because Triton's
+pipeliner had turned their volatile loads into cp.async.ca copies; every variant agrees since.
 """
 
 from __future__ import annotations

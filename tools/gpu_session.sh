@@ -269,7 +269,7 @@ elif [ "$phase" = final ]; then
        tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
-  # the persistent engine is refused by its self-check on this host (WRONG RESULTS): floor and auto
+  # (written when the persistent engine was refused by its self-check, before 08b885d): floor and auto
   [ -f tools/bench_shm.sh ] && step shm 90 env BUDGET_S=85 RUNS="floor auto" ORDER="floor:iceoryx2:10000 \
        floor:zmq:10000 auto:iceoryx2:10000 auto:zmq:10000 floor:iceoryx2:100000 auto:iceoryx2:100000 \
        floor:zmq:100000 auto:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"

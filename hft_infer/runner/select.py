@@ -3,8 +3,9 @@
 `engine = "auto"` takes the graph engine where CUDA works, else eager. A
 custom `model.module` runs on the torch step (models/custom.py on the CPU,
 runner/torch_step.py in CUDA graphs on a GPU); the fused kernels serve the
-built-in families. The persistent engine runs only when configured (it failed its start-up self-check
-on the H200 host; BENCHMARKS.md). Every GPU engine is checked against the CPU
+built-in families. The persistent engine runs only when configured: it is right since 08b885d but
+slower than the graph engine at every preset and batch measured on the H200 host (BENCHMARKS.md, wave 6).
+Every GPU engine is checked against the CPU
 engine before it serves (runner.self_check, runner/self_check.py), and `auto` refuses one that is right but
 more than SPEED_MARGIN times slower than the CPU engine on that stream (measured on the H200 host: the graph
 engine's lstm_a step took ~14.6 ms at 916d9c4). What was chosen and why is returned as
@@ -111,8 +112,8 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
     if custom and wanted == "persistent":
         raise ConfigError("runner.engine = \"persistent\" runs the fused kernels of the built-in mlp/lstm "
                           "families; a custom model.module runs on \"graph\" (or \"auto\") or \"eager\"")
-    # auto leaves the persistent engine out: it failed its self-check on the H200 host
-    # (BENCHMARKS.md, "persistent engines"); `engine = "persistent"` still runs it, self-checked
+    # auto leaves the persistent engine out: measured slower than graph at every preset and batch
+    # on the H200 host (BENCHMARKS.md, wave 6); `engine = "persistent"` runs it, self-checked
     order = ["graph", "eager"] if wanted == "auto" else [wanted]
     refused: list[str] = []
     r = cfg.runner

@@ -9,11 +9,12 @@ the rounding of the configured precision; otherwise the engine is refused with
 the figures (and `engine = "auto"` falls through to the next candidate), so a
 kernel that computes something else never decides anything.
 
-Why it exists: on the H200 host the persistent kernels were measured to diverge
-from the CPU (and from the launched kernels, which agree with it) from the second
-to fourth request of a stream, deterministically (BENCHMARKS.md, "persistent
-engines"); a check that runs on the machine that serves catches this and any
-future regression of the same kind at start-up, in a few hundred steps.
+Why it exists: for three waves the persistent kernels diverged from the CPU on the
+H200 host (and from the launched kernels, which agreed with it) from the first reuse of
+a request-ring slot, while their kernel tests passed: Triton's pipeliner had turned
+their volatile loads into L1-cached cp.async copies (found and fixed at 08b885d,
+BENCHMARKS.md wave 6). A check that runs on the machine that serves caught it there
+and catches any future regression of the same kind at start-up, in a few hundred steps.
 
 The same stream is then timed through both engines (`time_stream`), and `engine = "auto"`
 refuses a device engine that takes more than SPEED_MARGIN times as long as the CPU engine

@@ -328,10 +328,9 @@ GPU_CASES = {  # name: (preset, family, precision)
     "mlp_small-fp32": ("mlp_small", "mlp", "fp32"),
     "mlp_small-bf16": ("mlp_small", "mlp", "bf16"),
 }
-# Cases that diverge from the references on the H200 host (issue 13: the persistent kernels'
-# results go wrong on some requests; the service's self-check refuses them there): measured at
-# db6427a (docs/bench/h200-db6427a/gpu_tests.log). Their failure makes the test XFAIL with the
-# details; any other case failing fails it.
+# Cases known to diverge from the references on the H200 host; their failure makes the test XFAIL
+# with the details, any other case failing fails it. Empty since 08b885d: the divergence of waves
+# 2-4 was Triton's pipeliner caching volatile loads in L1 (kernels/persistent.py, NUM_STAGES).
 KNOWN_DIVERGENT: set[str] = set()
 
 
