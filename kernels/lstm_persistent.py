@@ -17,14 +17,15 @@ definition, shared with the launched kernel):
 A RESET request zeroes h, c (every layer and window: this program's units of slots
 b = ms, ms + MS, ...) and held; done is released once every program has zeroed its part.
 
-Weights are read with plain loads: after the first request they sit in the SM's L1 for
-the kernel's life (nothing else allocates in L1: state, scratch and request data are read
-with volatile loads, and no acquire operation runs, since on sm_90 each one invalidates the
-whole L1; the launch turns software pipelining off, which would make those volatile loads
-L1-cached cp.async copies: kernels/persistent.py, NUM_STAGES). Triton gives no explicit shared memory and the FMA products cannot take a whole
-[K, 4*BH] slice as a register operand (each thread would hold K x its columns: 256+
-registers for K = 128), so L1 is where "resident" lives; per request only the new rows, the
-state and the exchanged h move through L2.
+Weights are read with plain loads: after the first request they sit in the SM's L1 for the
+kernel's life (nothing else allocates in L1: state, scratch and request data are read with
+volatile loads, and no acquire operation runs, since on sm_90 each one invalidates the whole
+L1; the launch turns software pipelining off, which would make those volatile loads
+L1-cached cp.async copies: kernels/persistent.py, NUM_STAGES). Triton gives no explicit
+shared memory and the FMA products cannot take a whole [K, 4*BH] slice as a register operand
+(each thread would hold K x its columns: 256+ registers for K = 128), so L1 is where
+"resident" lives; per request only the new rows, the state and the exchanged h move through
+L2.
 
 State layout: the launched kernels' (h, c fp32 [n_slots, L, W, H] window mode, [n_slots, L, H]
 stream mode), so the same references check both. Grid (NB, MS) <= max_programs, all resident
