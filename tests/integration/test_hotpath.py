@@ -56,8 +56,12 @@ def test_batch_egress_one_frame_per_iteration_read_by_a_plain_msgpack_client():
         svc.start()
         raw = svc.ctx.socket(zmq.SUB)  # a foreign client: its own socket, plain msgpack
         raw.setsockopt(zmq.SUBSCRIBE, b"\xff\xff\xff\xfe")
+        raw.setsockopt(zmq.SUBSCRIBE, SERVICE_TOPIC)
         raw.connect(svc.endpoint("decisions"))
-        time.sleep(0.3)
+        # a slow joiner would miss the decisions: wait for the service's periodic Status, which
+        # the publisher sends only once both subscriptions (processed in order) have reached it
+        assert raw.poll(15000), "no Status reached the plain client"
+        raw.recv_multipart()
         svc.send_quotes([(i, 0) for i in range(16)])
         svc.send([(topic_for(3), b"\xc1")])  # undecodable: counted only
         svc.send([(topic_for(4), encode(Quote(4, -1, 0, 0, 10, pack_book(np.ones((10, 4), np.float32)))))])
@@ -65,6 +69,8 @@ def test_batch_egress_one_frame_per_iteration_read_by_a_plain_msgpack_client():
         rows = []
         while raw.poll(200):
             topic, payload = raw.recv_multipart()
+            if topic == SERVICE_TOPIC:  # Status frames (periodic, final)
+                continue
             assert topic == b"\xff\xff\xff\xfe"
             rows += _plain_msgpack_batch(payload)
         raw.close(0)
