@@ -82,6 +82,27 @@ def checked_runtime(preset: str, mode: str, engine: str, precision: str):
         return runtime(preset, mode, engine, precision, self_check=False), f"WRONG RESULTS (self-check: {why})"
 
 
+def recheck(eng, rt, preset: str, mode: str, precision: str) -> str:
+    """The stopped persistent engine, recompiled with its new launch options, against the CPU
+    engine on the self-check stream (runner/self_check.py); returns the results column."""
+    from hft_infer.runner.base import EngineFailure
+    from hft_infer.runner.self_check import compare
+
+    ref = runtime(preset, mode, "eager", precision)
+    eng.kernel.precompile()
+    eng._head = 0
+    eng.kernel.start()
+    try:
+        compare(eng, rt.store, ref.engine, ref.store, n_slots=N_SLOTS, precision=precision)
+        verdict = "self-check passed"
+    except EngineFailure as e:
+        verdict = f"WRONG RESULTS ({str(e).split(': ', 1)[1].split(':')[0]})"
+    finally:
+        ref.engine.close()
+    eng.kernel.stop()
+    return verdict
+
+
 def time_steps(eng, batch: int, steps: int, depth: int) -> np.ndarray:
     out = np.empty(steps, dtype=np.int64)
     slots_all = np.arange(batch) % N_SLOTS
@@ -127,7 +148,7 @@ def floor(steps: int, transport: str) -> dict:
 
 
 def _verdict(r: dict) -> str:
-    goal = GOALS.get((r["model"], r["mode"], r["engine"], r["batch"]))
+    goal = GOALS.get((r["model"], r["mode"], r["engine"].split()[0], r["batch"]))  # "persistent w8" too
     if not goal:
         return ""
     return ", ".join(f"{k}<={v:g}: {'met' if r.get(k, 1e9) <= v else 'MISSED'}" for k, v in goal.items())
@@ -151,6 +172,9 @@ def main() -> int:
                     help="preset/mode list (default: every one)")
     ap.add_argument("--engines", default="graph,persistent")
     ap.add_argument("--quick", action="store_true", help="500 steps per row")
+    ap.add_argument("--persistent-warps", default="", metavar="W,...",
+                    help="also measure the persistent kernels at these num_warps (each self-checked again "
+                         "against the CPU engine; rows 'persistent wN'); the engine's own launch is 4")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -162,20 +186,30 @@ def main() -> int:
     rows = [{"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent", "batch": 1}
             | floor(steps, t) for t in ("fenced", "dma", "pinned")]
     print(table(HEADERS, [_row(r) for r in rows]), flush=True)  # each row as it is measured: a timeout keeps them
+    warps = [int(w) for w in a.persistent_warps.split(",") if w.strip()]
+    variants = []
+    for engine in a.engines.split(","):
+        variants.append((engine, None))
+        if engine == "persistent":
+            variants += [(engine, w) for w in warps]
     for preset, mode in models:
-        for engine in a.engines.split(","):
+        for engine, num_warps in variants:
             rt, verdict = checked_runtime(preset, mode, engine, a.precision)
             eng = rt.engine
+            label = engine if num_warps is None else f"{engine} w{num_warps}"
             try:
-                if engine == "persistent":  # restart with the kernel's device stamps on
+                if engine == "persistent":  # restart with the kernel's device stamps on (and num_warps)
                     eng.kernel.stop()
                     eng.kernel.timing = True
+                    if num_warps is not None:
+                        eng.kernel.num_warps = num_warps
+                        verdict = recheck(eng, rt, preset, mode, a.precision)
                     eng.kernel.precompile()
                     eng._head = 0
                     eng.kernel.start()
                 for b in batches:
                     first_seq = eng.ring.seq + 51 if engine == "persistent" else 0
-                    r = {"model": preset, "mode": mode, "engine": engine, "batch": b, "reason": eng.reason,
+                    r = {"model": preset, "mode": mode, "engine": label, "batch": b, "reason": eng.reason,
                          "conflating": rt.conflate, "correct": verdict} | pct(time_steps(eng, b, steps, rt.store.depth))
                     if engine == "persistent":
                         last_seq = eng.ring.seq  # stop() takes one more seq, unstamped
