@@ -153,14 +153,14 @@ class Stepper:
         bufs = self.bufs
         bufs["step"].values.append(t - b.t_submit)
         if fresh:
+            # array.fromlist of a list: ~2x faster than array.extend of the same list, ~3x than of
+            # an iterator (dev VM, 64 samples; comprehensions beat map() over bound methods here)
             t_sub = b.t_submit
-            bufs["queue"].values.extend([t_sub - r for r in fresh])
-            bufs["wire"].values.extend([r + offset - sd for r, sd in zip(fresh, sent) if sd])
+            bufs["queue"].values.fromlist([t_sub - r for r in fresh])
+            bufs["wire"].values.fromlist([r + offset - sd for r, sd in zip(fresh, sent) if sd])
             if sched.adaptive is not None:
                 sched.adaptive.observe_batch(t - min(fresh))
-        release = sched.release
-        for r in rids:
-            release(r)
+        sched.release_many(rids)
         if not self._t_collect:
             self._t_collect = t
 
@@ -176,8 +176,7 @@ class Stepper:
             for r in rids:
                 self.egress.answers.add(self.ids[sched.r_slot[r]], sched.r_seq[r], SHED, reason, 0, 0.0,
                                         sched.r_nconf[r], sched.r_send_epoch_ns[r], sched.r_recv_ns[r] + offset)
-        for r in rids:
-            sched.release(r)
+        sched.release_many(rids)
 
     def flush(self) -> None:
         """Send this iteration's answers; record publish and service stages of the decided ones."""
@@ -187,7 +186,7 @@ class Stepper:
         self.egress.flush(t + self.clock.offset_ns)
         t_sent = perf_ns()
         if self._service_recv:
-            self.bufs["service"].values.extend([t_sent - r for r in self._service_recv])
+            self.bufs["service"].values.fromlist([t_sent - r for r in self._service_recv])
             self._service_recv.clear()
         if self._t_collect:
             self.bufs["publish"].add(t_sent - self._t_collect)
