@@ -149,22 +149,6 @@ def _lstm_persistent_kernel(
             running = 0
 
 
-OPERAND_TILE = 2048
-"""Elements of one [BLOCK_M, BLOCK_K] operand tile the persistent kernel may load at once (16 fp32
-registers a thread at 4 warps)."""
-
-
-def persistent_block_k(w: LstmWeights, block_m: int) -> int:
-    """K chunk of the persistent kernel's layer and head products: the widest power of two that
-    divides KH and keeps a [block_m, K] tile within OPERAND_TILE. Without software pipelining
-    (kernels/persistent.py, NUM_STAGES) the chunks of a K loop run one after another, each an
-    L2 round trip for its state or exchange rows: lstm_a's 128 in one chunk instead of four."""
-    bk = w.block_k
-    while w.kh % (2 * bk) == 0 and block_m * 2 * bk <= OPERAND_TILE:
-        bk *= 2
-    return bk
-
-
 class LstmPersistent(PersistentKernel):
     """Window-mode (window=W) or stream-mode (window=None) LSTM served by a persistent kernel.
 
@@ -208,7 +192,6 @@ class LstmPersistent(PersistentKernel):
             # latency first: a batch of one (W rows) spread over the row groups
             block_m = min(64, max(16, triton.next_power_of_2(triton.cdiv(self.states, split_max))))
         self.block_m = block_m
-        self.block_k = persistent_block_k(w, block_m)
         self.split = max(1, min(split_max, triton.cdiv(rows, block_m)))
         shape = (n_slots, w.layers, self.states, w.hidden) if self.window_mode else (n_slots, w.layers, w.hidden)
         f32 = dict(dtype=torch.float32, device=dev)
@@ -229,7 +212,7 @@ class LstmPersistent(PersistentKernel):
                  w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
                  self.h, self.c, self.scratch, self.xp, self.thresholds, self.held),
                 dict(F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh,
-                     BLOCK_K=self.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
+                     BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
                      WINDOW=self.window_mode, **self.ring_consts(),
                      PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
                      TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps,
