@@ -118,6 +118,9 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         self.publish_shed = publish_shed
         self.publish_rejected = publish_rejected
         self.on_reset = on_reset  # callback(slots): the service finishes pending work, then resets them
+        # callback(events): called with a burst's exact event count once it is decoded and before any
+        # of its rows is written (stepper.py sets it for engines that read the ring while in flight)
+        self.before_rows = None
         self.last_seq = [-1] * len(instrument_ids)
         self._decode = IngressDecoder().decode
         self._masks = _high_byte_masks(model_levels)
@@ -222,6 +225,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                 msgs = list(map(self._decode, pays))
             except Exception:  # noqa: BLE001 - msgspec.DecodeError / ValidationError: not our schema
                 msgs = self._decode_each(pays, recvs, offset)
+            if self.before_rows is not None:  # an EventBatch carries `n` events; anything else one at most
+                self.before_rows(sum([m.n if type(m) is EventBatch else 1 for m in msgs]))
             if len(msgs) == 1 and type(msgs[0]) is not EventBatch:  # the usual burst below saturation
                 events += self._handle_one(msgs[0], tops[0], recvs[0], offset)  # no chunk machinery
             elif EventBatch in set(map(type, msgs)):  # ingest_batch.py: handled as columns

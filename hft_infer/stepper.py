@@ -12,12 +12,13 @@ flight on an engine that reads the feature ring while in flight
 (`runner.cpu_worker`), the loop ingests at most `inflight_rows` events beyond
 what it had when that step was submitted: the ring is sized for it
 (runner/select.py), so no row the step reads is overwritten; past that the
-loop waits for the step. (The burst budget is in frames, so an EventBatch
-frame read last can carry the count past the allowance by its size: with
-cpu_worker, an instrument that receives more than the allowance within one
-step can have a row overwritten under the worker; docs/notes/ingest.md.) The
-GPU engines copy a step's rows into their staging at submit and need no
-guard. Bursts read while a step is in flight are also shorter,
+loop waits for the step. The burst budget is in frames, which bounds events
+only for single-event frames; `make_room` (called by the ingest with a
+burst's exact event count, after decoding and before any row is written)
+waits for the steps in flight when an EventBatch burst would pass the
+allowance (before 2026-12-03 it could, and `replay --verify` found the
+worker's scores wrong). The GPU engines copy a step's rows into their
+staging at submit and need no guard. Bursts read while a step is in flight are also shorter,
 `max(16, ingest.max_drain // 8)` frames (32 by default): the loop looks at
 the step again after each, so a finished step is collected, answered and
 followed by the next within ~100 µs of ingest rather than a whole burst's
@@ -63,6 +64,16 @@ class Stepper:
         self.last_batch = 0
         self._service_recv: list[int] = []  # receive times of events decided since the last flush
         self._t_collect = 0
+        if engine.reads_ring_in_flight:
+            ingester.before_rows = self.make_room
+
+    def make_room(self, events: int) -> None:
+        """Before a burst's rows are written, on an engine that reads the ring while a step is in
+        flight: if the burst's events (exact, once decoded: an EventBatch frame carries many) would
+        take the events ingested since the oldest in-flight step past the ring's allowance, wait for
+        the steps in flight first. `ingest` budgets frames up front; this makes the bound exact."""
+        if self.inflight and events > self.inflight_rows - (self.acct.received - self.inflight[0].events_mark):
+            self.drain_inflight()
 
     def ingest(self) -> int:
         """One burst, within what in-flight steps allow the feature ring to take."""

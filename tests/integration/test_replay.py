@@ -122,6 +122,27 @@ def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
     assert final.received == 6000
 
 
+def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batches(tmp_path):
+    """runner.cpu_worker steps on a thread while the loop ingests; EventBatch frames of ~20 events
+    (100k events/s, held up to 100 µs) over 4 instruments and an allowance of 32 rows (max_drain 16)
+    would overwrite rows of the window a slow step is reading (lstm_a recompute: tens of ms), and
+    its scores came out wrong (2 of 8 before the fix). `replay --verify` holds every decision to the
+    offline reference."""
+    model = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"']
+    overrides = model + ["runner.cpu_worker=true", "ingest.max_drain=16", "universe.instruments=4"]
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "20000", "--instruments", "4", "--rate", "100000",
+                "--feed-batch", "256", "--verify", "--set", "service.name=t",
+                *sum((["--set", o] for o in overrides), []), "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        final = svc.stop()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] > 0
+    assert summary["accounting"]["lost"] == 0 and final.received == 20000
+
+
 def test_verify_detects_a_perturbed_decision():
     from hft_infer.app.verify import verify
     from hft_infer.config import load_config
