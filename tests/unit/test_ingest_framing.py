@@ -42,3 +42,33 @@ def test_a_malformed_message_is_one_rejection_and_the_next_message_is_decided(ba
         assert rig.ingest.last_seq[3] == 1
     finally:
         rig.close()
+
+
+def _drain_all(rig: IngestRig) -> None:
+    while rig.ingest.drain(64):
+        pass
+
+
+def test_a_lone_4_byte_frame_then_a_single_frame_message_is_one_event_when_queued_two_when_apart():
+    """README, Framing: the one ambiguity. The topic frame is read without its more flag, so a lone
+    4-byte frame with a single-frame message already queued behind it reads as one [topic, payload]
+    message; read apart (nothing queued behind it yet), each is its own BAD_FRAMING."""
+    lone, single = [topic_for(3)], [b"not a topic, one frame"]
+    queued = IngestRig(instruments=8, topic_frame=True)
+    apart = IngestRig(instruments=8, topic_frame=True)
+    try:
+        for parts in (lone, single, _good(0)):
+            queued.push.send_multipart(parts)
+        _drain_all(queued)
+        assert queued.acct.received == 2  # the pair (one rejection) and the quote
+        assert queued.acct.rejected == 1 and queued.acct.by_reason[Reason.BAD_FRAMING] == 0
+        assert queued.sched.live_requests() == 1
+        for parts in (lone, single, _good(0)):
+            apart.push.send_multipart(parts)
+            _drain_all(apart)
+        assert apart.acct.received == 3
+        assert apart.acct.rejected == apart.acct.by_reason[Reason.BAD_FRAMING] == 2
+        assert apart.sched.live_requests() == 1
+    finally:
+        queued.close()
+        apart.close()
