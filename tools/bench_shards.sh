@@ -28,7 +28,9 @@
 # RUN_CAP_S=40 (longest single run), MIN_RUN_S=12 (no run starts with less left), PY=python3 (has
 # hft_infer, pyzmq and msgspec), CONFIG=configs/gpu.toml, EXTRA_SET (more --set K=V,
 # space-separated, e.g. for a CPU-only test: 'ingest.poll_mode="event" runner.device="cpu"'),
-# CHECK_CORES=1 (0: run every N whatever `nproc` says: a logic test on a small machine).
+# CHECK_CORES=1 (0: run every N whatever `nproc` says: a logic test on a small machine), FLOOR=1
+# (0: no --with-floor runs, e.g. a second pass under tools/with_mps.sh, whose floor -- no GPU --
+# is the first pass's).
 #
 # The dev VM (2 cores, no GPU), a logic test that never spins two processes at once:
 #   SHARDS="1 2" RATE_PER_SHARD=300 CHECK_CORES=0 PY=.venv/bin/python \
@@ -52,6 +54,7 @@ PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/gpu.toml}
 EXTRA_SET=${EXTRA_SET:-}
 CHECK_CORES=${CHECK_CORES:-1}
+FLOOR=${FLOOR:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 START=$SECONDS
 
@@ -109,7 +112,7 @@ for item in "${order[@]}"; do
   fi
   limit=$((left - 3 < RUN_CAP_S ? left - 3 : RUN_CAP_S))  # 3 s for the summary, inside the budget
   floor=()
-  [ "$m" = lstm_a ] && floor=(--with-floor)
+  [ "$m" = lstm_a ] && [ "$FLOOR" != 0 ] && floor=(--with-floor)
   rate=$((n * RATE_PER_SHARD))
   json="$OUTDIR/runs/$name.json"
   t0=$SECONDS

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     outdir = Path(a.outdir)
     rows = load_rows(outdir)
     eff = efficiencies(rows)
-    lines = ["# bench_shards: N shards on one host, one feed", "", table(rows), ""]
+    mps = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    lines = ["# bench_shards: N shards on one host, one feed", "",
+             f"CUDA MPS: on (CUDA_MPS_PIPE_DIRECTORY={mps})" if mps else
+             "CUDA MPS: off (the shards' CUDA contexts time-slice the GPU; tools/with_mps.sh runs with it)",
+             "", table(rows), ""]
     for k, v in eff.items():
         lines.append(f"- {k}: " + (fmt(v) if isinstance(v, bool) else f"{v * 100:.0f} %"))
     if not any(k.endswith("1->4") for k in eff):
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     (outdir / "summary.md").write_text(text + "\n")
-    (outdir / "summary.json").write_text(json.dumps({"runs": rows, "efficiency": eff,
+    (outdir / "summary.json").write_text(json.dumps({"runs": rows, "efficiency": eff, "cuda_mps_pipe": mps,
                                                      "budget_s": a.budget, "elapsed_s": a.elapsed}, indent=2))
     bad = [r for r in rows if r["state"] not in ("ok", "skipped-budget", "skipped-cores", "cut-budget")]
     for r in bad:

@@ -9,6 +9,7 @@
 #   tools/gpu_session.sh persistent  # the persistent engines: GPU tests, diag, engines, e2e over both transports
 #   tools/gpu_session.sh wave5     # issue 12's landing check: GPU tests, e2e per frame and over EventBatch, goodput
 #   tools/gpu_session.sh wave6     # the persistent engines after the pipelining fix: PTX check, diagnostics, tests, engines, e2e
+#   tools/gpu_session.sh wave7     # issue 18: shards on one GPU with CUDA MPS (tools/with_mps.sh) and without
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -344,6 +345,16 @@ elif [ "$phase" = wave6 ]; then
        persistent:zmq:100000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
   verbatim asm diag_persistent diag_ring_order persistent_tests bench_engines shm
+elif [ "$phase" = wave7 ]; then
+  # issue 18: N shards on one GPU under a private CUDA MPS daemon and without it, same per-shard rate as
+  # db6427a (20k/s: one lstm_a shard keeps up), in one call; the floor (no GPU) once, in the pass without MPS
+  step mps_probe 20 bash -c 'command -v nvidia-cuda-mps-control; nvidia-smi --query-gpu=name,compute_mode,mig.mode.current --format=csv'
+  step shards_mps 250 env BUDGET_S=245 FLOOR=0 RATE_PER_SHARD=20000 \
+       ORDER="lstm_a:1 lstm_a:4 lstm_a:8 default:1 default:4 lstm_a:2 default:8" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_mps"
+  step shards 200 env BUDGET_S=195 RATE_PER_SHARD=20000 ORDER="lstm_a:1 lstm_a:4 default:1 default:4 lstm_a:8" \
+       bash tools/bench_shards.sh "$WORK/shards"
+  summarize
+  verbatim mps_probe shards_mps shards
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

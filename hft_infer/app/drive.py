@@ -136,7 +136,9 @@ def machine_info() -> dict:
     except OSError:
         pass
     return {"nproc": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "platform": platform.platform(), "commit": source_commit()}
+            "platform": platform.platform(), "commit": source_commit(),
+            # CUDA MPS in use (tools/with_mps.sh): shard figures differ by far with and without it
+            "cuda_mps_pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 
 
 def source_commit() -> str:
