@@ -10,6 +10,7 @@
 #   tools/gpu_session.sh wave5     # issue 12's landing check: GPU tests, e2e per frame and over EventBatch, goodput
 #   tools/gpu_session.sh wave6     # the persistent engines after the pipelining fix: PTX check, diagnostics, tests, engines, e2e
 #   tools/gpu_session.sh wave7     # issue 18: shards on one GPU with CUDA MPS (tools/with_mps.sh) and without
+#   tools/gpu_session.sh wave7cap  # issue 18: lstm_a shard capacity (a saturated shard) under MPS, SM shares, without MPS
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -355,6 +356,20 @@ elif [ "$phase" = wave7 ]; then
        bash tools/bench_shards.sh "$WORK/shards"
   summarize
   verbatim mps_probe shards_mps shards
+elif [ "$phase" = wave7cap ]; then
+  # issue 18, capacity: 40k/s offered per shard saturates one lstm_a shard (~35k/s, BENCHMARKS wave 3), so the
+  # 1->N efficiency is a capacity figure; under MPS with every client free to use all SMs, then with each
+  # client's share of SMs capped (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ~ 100/N), then without MPS, in one call
+  step shards_cap_mps 150 env BUDGET_S=145 FLOOR=0 RATE_PER_SHARD=40000 SHARDS="1 2 4 8 12" MODELS=lstm_a \
+       ORDER="lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:12 lstm_a:2" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_cap_mps"
+  step shards_cap_mps25 50 env BUDGET_S=45 FLOOR=0 RATE_PER_SHARD=40000 SHARDS=4 MODELS=lstm_a ORDER=lstm_a:4 \
+       CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_cap_mps25"
+  step shards_cap_mps12 50 env BUDGET_S=45 FLOOR=0 RATE_PER_SHARD=40000 SHARDS=8 MODELS=lstm_a ORDER=lstm_a:8 \
+       CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12 bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_cap_mps12"
+  step shards_cap 80 env BUDGET_S=75 RATE_PER_SHARD=40000 SHARDS="1 4" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:4" \
+       bash tools/bench_shards.sh "$WORK/shards_cap"
+  summarize
+  verbatim shards_cap_mps shards_cap_mps25 shards_cap_mps12 shards_cap
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
