@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     eff = efficiencies(rows)
     mps = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
     lines = ["# bench_shards: N shards on one host, one feed", "",
-             f"CUDA MPS: on (CUDA_MPS_PIPE_DIRECTORY={mps})" if mps else
+             f"CUDA MPS: on (CUDA_MPS_PIPE_DIRECTORY={mps}; each shard's share of the SMs: "
+             f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '100')} %)" if mps else
              "CUDA MPS: off (the shards' CUDA contexts time-slice the GPU; tools/with_mps.sh runs with it)",
              "", table(rows), ""]
     for k, v in eff.items():
