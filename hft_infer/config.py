@@ -230,7 +230,7 @@ class SchedulerConfig(_Section):
 
 class RunnerConfig(_Section):
     engine: Literal["auto", "eager", "graph", "persistent"] = "auto"
-    """auto: graph where CUDA works, else eager (the CPU path). persistent only when named: it failed its self-check on the H200 host (BENCHMARKS.md)."""
+    """auto: graph where CUDA works, else eager (the CPU path). persistent only when named: self-checked and correct, but slower than graph at every preset on the H200 host (BENCHMARKS.md, wave 6)."""
     device: str = "auto"
     """auto (cuda:0 when available, else cpu), cpu, cuda, cuda:N."""
     buckets: list[PosInt] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
@@ -245,6 +245,8 @@ class RunnerConfig(_Section):
     """GPU engines: before serving, step a fixed stream of random rows through the engine and the CPU engine and refuse the engine when their scores disagree beyond the precision's rounding (well under a second)."""
     watchdog_ms: PosInt = 1000
     """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
+    persistent_programs: NonNegInt = 0
+    """Persistent engine: most programs (thread blocks) its kernel may hold; 0 = the GPU's SMs divided by universe.shard_count, so that the kernels of N shards sharing one GPU (under MPS) are all resident at once. A model whose kernel needs more is refused at start-up, with both counts."""
     max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2
     """GPU engines: steps in flight at once (staging buffers: the loop writes step k+1 while step k runs; the persistent engine's request ring holds at least 2)."""
     cpu_worker: bool = False

@@ -11,6 +11,7 @@
 #   tools/gpu_session.sh wave6     # the persistent engines after the pipelining fix: PTX check, diagnostics, tests, engines, e2e
 #   tools/gpu_session.sh wave7     # issue 18: shards on one GPU with CUDA MPS (tools/with_mps.sh) and without
 #   tools/gpu_session.sh wave7cap  # issue 18: lstm_a shard capacity (a saturated shard) under MPS, SM shares, without MPS
+#   tools/gpu_session.sh wave7p    # issue 18: GPU engine tests, then persistent shards sized to share the SMs, beside graph, under MPS
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -370,6 +371,18 @@ elif [ "$phase" = wave7cap ]; then
        bash tools/bench_shards.sh "$WORK/shards_cap"
   summarize
   verbatim shards_cap_mps shards_cap_mps25 shards_cap_mps12 shards_cap
+elif [ "$phase" = wave7p ]; then
+  # the GPU engine tests (the persistent program budget among them), then lstm_a shards at 20k/s each under MPS:
+  # persistent kernels sized to SMs / N (runner.persistent_programs = 0) beside the graph engine, one call
+  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py
+  step shards_persistent_mps 130 env BUDGET_S=125 FLOOR=0 RATE_PER_SHARD=20000 SHARDS="1 2 4 8" MODELS=lstm_a \
+       ORDER="lstm_a:1 lstm_a:4 lstm_a:2 lstm_a:8" EXTRA_SET='runner.engine="persistent"' \
+       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_persistent_mps"
+  step shards_graph_mps 70 env BUDGET_S=65 FLOOR=0 RATE_PER_SHARD=20000 SHARDS="1 4" MODELS=lstm_a \
+       ORDER="lstm_a:1 lstm_a:4" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_graph_mps"
+  summarize
+  verbatim gpu_tests shards_persistent_mps shards_graph_mps
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -279,7 +279,15 @@ class PersistentEngine(_GpuEngine):
         self.watchdog_ns = watchdog_ms * 1_000_000
         self._seq = [0] * k
         self._submitted_ns = [0] * k
-        self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
+        try:
+            self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
+        except ValueError as e:  # the LSTM's hidden blocks need more programs than allowed
+            raise EngineFailure(f"persistent engine refused: {e} (runner.persistent_programs; by default the "
+                                f"GPU's SMs / universe.shard_count)") from None
+        if max_programs is not None and self.kernel.programs > max_programs:
+            raise EngineFailure(f"persistent engine refused: its kernel holds {self.kernel.programs} programs, more "
+                                f"than the {max_programs} allowed (runner.persistent_programs; by default the GPU's "
+                                f"SMs / universe.shard_count, so that every shard's kernel is resident at once)")
 
     @staticmethod
     def request_ring(kstep: KernelStep, *, max_batch: int, max_inflight: int, transport: str = "dma"):

@@ -139,8 +139,12 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                      f"serve only the built-in families)" if custom else f"{name} works here")
             why = "; ".join(refused + [works]) if wanted == "auto" else f"configured {name}"
             if name == "persistent":
+                import torch
+
+                sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
                 engine = PersistentEngine(kstep, max_batch=r.max_bucket, sink_slot=store.sink_slot, reason=why,
-                                          watchdog_ms=r.watchdog_ms, max_inflight=max(2, r.max_inflight))
+                                          watchdog_ms=r.watchdog_ms, max_inflight=max(2, r.max_inflight),
+                                          max_programs=persistent_program_budget(cfg, sms))
             else:
                 engine = GraphEngine(kstep, list(r.buckets), sink_slot=store.sink_slot, reason=why,
                                      check_addresses=r.check_graph_addresses, max_inflight=r.max_inflight)
@@ -161,6 +165,16 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                 raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
             refused.append(f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     raise AssertionError("unreachable: eager is the last candidate")
+
+
+def persistent_program_budget(cfg: Config, sms: int) -> int:
+    """Most programs one persistent kernel may hold on a GPU of `sms` SMs: runner.persistent_programs,
+    or (0) an equal share of the SMs per shard. A persistent kernel spins for the service's life and
+    meets at grid barriers, so all its programs must be resident at once; N shards on one GPU (under
+    MPS: their kernels run side by side) fit together only if each takes at most SMs / N."""
+    if cfg.runner.persistent_programs:
+        return cfg.runner.persistent_programs
+    return max(1, sms // cfg.universe.shard_count)
 
 
 def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,

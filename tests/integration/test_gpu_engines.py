@@ -18,7 +18,7 @@ N_SLOTS = 8
 BUCKETS = [1, 2, 4, 8]
 
 
-def _runtime(engine: str, preset: str, mode: str = "window", *, self_check: bool = True):
+def _runtime(engine: str, preset: str, mode: str = "window", *, self_check: bool = True, extra: tuple = ()):
     from hft_infer.config import load_config
     from hft_infer.runner.select import build_runtime
 
@@ -26,7 +26,7 @@ def _runtime(engine: str, preset: str, mode: str = "window", *, self_check: bool
                              f"runner.engine=\"{engine}\"", "runner.buckets=[1, 2, 4, 8]",
                              "scheduler.max_batch=8", "universe.instruments=8",
                              "runner.device=\"cpu\"" if engine == "eager" else "runner.device=\"cuda\"",
-                             f"runner.self_check={'true' if self_check else 'false'}"])
+                             f"runner.self_check={'true' if self_check else 'false'}", *extra])
     return build_runtime(cfg, N_SLOTS)
 
 
@@ -139,6 +139,37 @@ def test_persistent_engine_matches_the_cpu_or_is_refused_at_start_up(preset, mod
         _agrees_one_step_at_a_time_and_pipelined(gpu, rows, slots, batches, s_cpu, a_cpu)
     finally:
         gpu.engine.close()
+
+
+def test_a_shard_s_persistent_kernel_fits_its_share_of_the_sms_and_still_matches_the_cpu():
+    """Four shards on one GPU: each persistent kernel holds at most SMs / 4 programs (so that all
+    four are resident at once under MPS) and, so sized, still agrees with the CPU."""
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cpu = _runtime("eager", "lstm_a")
+    rows, slots, batches = _stream(300, cpu.store.width, seed=5)
+    s_cpu, a_cpu = _drive(cpu, rows, slots, batches)
+    whole = _runtime("persistent", "lstm_a", self_check=False)
+    try:
+        whole_programs = whole.engine.kernel.programs
+    finally:
+        whole.engine.close()
+    gpu = _runtime("persistent", "lstm_a", extra=("universe.shard_count=4", "universe.shard_index=2"))
+    try:
+        assert gpu.engine.kernel.programs <= sms // 4 < whole_programs  # sized down from the whole GPU's
+        _agrees_one_step_at_a_time_and_pipelined(gpu, rows, slots, batches, s_cpu, a_cpu)
+    finally:
+        gpu.engine.close()
+
+
+@pytest.mark.parametrize("preset, programs", [("lstm_a", 8), ("mlp_small", 16)])
+def test_a_persistent_kernel_over_its_program_budget_is_refused_with_both_counts(preset, programs):
+    from hft_infer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"persistent_programs") as e:
+        _runtime("persistent", preset, extra=(f"runner.persistent_programs={programs}",))
+    assert str(programs) in str(e.value)
 
 
 def test_reset_slots_on_the_device_matches_the_cpu():
