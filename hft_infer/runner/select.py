@@ -14,6 +14,7 @@ engine's lstm_a step took ~14.6 ms at 916d9c4). What was chosen and why is retur
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hft_infer.config import Config, ConfigError
@@ -157,6 +158,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                     raise EngineFailure(slow)
                 engine.reason += (f"; self-check stream {engine_s * 1e3:.2f} ms here, {cpu_s * 1e3:.2f} ms on "
                                   f"the CPU engine" + (f" (WARNING: {slow})" if slow else ""))
+            engine.reason += shared_gpu_warning(cfg)
             return Runtime(model, version, store, engine, sequential, conflate, allowance)
         except Exception as e:  # noqa: BLE001 - any failure of a candidate engine means: try the next
             if engine is not None:
@@ -165,6 +167,19 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
                 raise ConfigError(f"runner.engine = {name!r} failed on {device}: {type(e).__name__}: {e}") from None
             refused.append(f"{name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     raise AssertionError("unreachable: eager is the last candidate")
+
+
+def shared_gpu_warning(cfg: Config, environ=os.environ) -> str:
+    """A note for the engine's reason when this is one of several shards on a GPU and no MPS daemon
+    is in sight: the shards' CUDA contexts would then time-slice the GPU (BENCHMARKS.md, wave 7:
+    lstm_a 48 % of 4x at 4 shards without MPS, 99 % with). Seen: $CUDA_MPS_PIPE_DIRECTORY, or the
+    driver's default pipe directory /tmp/nvidia-mps (a system-wide daemon)."""
+    if cfg.universe.shard_count <= 1:
+        return ""
+    if environ.get("CUDA_MPS_PIPE_DIRECTORY") or os.path.exists("/tmp/nvidia-mps/control"):
+        return "; CUDA MPS daemon found (shards' kernels run side by side)"
+    return (f"; WARNING: shard of {cfg.universe.shard_count} with no CUDA MPS daemon in sight: shards on one GPU "
+            f"time-slice it (README, Scale out: run them under MPS)")
 
 
 def persistent_program_budget(cfg: Config, sms: int) -> int:

@@ -27,3 +27,15 @@ def test_the_budget_is_an_equal_share_of_the_sms_per_shard_unless_configured(set
 def test_a_negative_program_count_is_a_config_error():
     with pytest.raises(ConfigError, match="persistent_programs"):
         load_config(None, ["runner.persistent_programs=-1"])
+
+
+def test_a_gpu_shard_without_an_mps_daemon_in_sight_says_so_in_its_engine_reason(monkeypatch):
+    from hft_infer.runner import select
+
+    monkeypatch.setattr(select.os.path, "exists", lambda p: False)  # no system-wide daemon on this machine
+    one = load_config(None, [])
+    shard = load_config(None, ["universe.instruments=8", "universe.shard_count=4"])
+    assert select.shared_gpu_warning(one, {}) == ""  # a lone service shares nothing
+    assert "WARNING" in select.shared_gpu_warning(shard, {}) and "MPS" in select.shared_gpu_warning(shard, {})
+    found = select.shared_gpu_warning(shard, {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/x"})
+    assert "WARNING" not in found and "MPS daemon found" in found
