@@ -258,3 +258,43 @@ def test_a_remote_control_endpoint_also_waits_for_the_network(tmp_path):
                                  "[metrics]\ncontrol_endpoint = 'tcp://10.0.0.9:7000'\n")
     text = render_unit(spec_for(path))
     assert "Wants=network-online.target" in text and "After=network-online.target" in text
+
+
+MPS_UNIT = ROOT / "tools" / "systemd" / "hft-infer-mps.service"
+MPS_DROP_IN = ROOT / "tools" / "systemd" / "mps.conf"
+
+
+def _environment(text: str) -> dict[str, str]:
+    env = {}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            env.update(item.split("=", 1) for item in line[len("Environment="):].split())
+    return env
+
+
+def test_the_shards_find_the_mps_daemon_where_their_sandbox_lets_them():
+    """The shards run with PrivateTmp (the driver's default /tmp/nvidia-mps is hidden from them),
+    so the MPS unit puts its pipes under /run and the drop-in points the shards there and lets them
+    write to it."""
+    assert "PrivateTmp=yes" in TEMPLATE.read_text() and "ProtectSystem=strict" in TEMPLATE.read_text()
+    daemon, shard = _environment(MPS_UNIT.read_text()), _environment(MPS_DROP_IN.read_text())
+    pipe = daemon["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe.startswith("/run/") and shard["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert shard["CUDA_MPS_LOG_DIRECTORY"] == daemon["CUDA_MPS_LOG_DIRECTORY"]
+    assert f"RuntimeDirectory={pipe.removeprefix('/run/')}" in MPS_UNIT.read_text()
+    assert f"ReadWritePaths={pipe}" in MPS_DROP_IN.read_text()
+    assert "After=hft-infer-mps.service" in MPS_DROP_IN.read_text()
+    # MPS serves one user's clients: the daemon runs as the shards' user
+    assert service_section(MPS_UNIT.read_text())["User"] == service_section(TEMPLATE.read_text())["User"]
+
+
+@needs_analyze
+def test_the_mps_unit_and_the_template_with_its_drop_in_verify(tmp_path):
+    _installable_template(tmp_path)
+    mps = tmp_path / "hft-infer-mps.service"
+    mps.write_text(MPS_UNIT.read_text().replace("/usr/bin/nvidia-cuda-mps-control", "/bin/true"))
+    drop_dir = tmp_path / "hft-infer@gpu0.service.d"
+    drop_dir.mkdir()
+    (drop_dir / "mps.conf").write_text(MPS_DROP_IN.read_text())
+    assert verify(mps) == []
+    assert verify(tmp_path / "hft-infer@gpu0.service") == []
