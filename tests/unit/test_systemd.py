@@ -284,6 +284,7 @@ def test_the_shards_find_the_mps_daemon_where_their_sandbox_lets_them():
     assert f"RuntimeDirectory={pipe.removeprefix('/run/')}" in MPS_UNIT.read_text()
     assert f"ReadWritePaths=-{pipe}" in MPS_DROP_IN.read_text()  # "-": a missing daemon is not a sandbox failure
     assert "After=hft-infer-mps.service" in MPS_DROP_IN.read_text()
+    assert "PartOf=hft-infer-mps.service" in MPS_DROP_IN.read_text()  # a daemon restart takes the shards along
     # MPS serves one user's clients: the daemon runs as the shards' user
     assert service_section(MPS_UNIT.read_text())["User"] == service_section(TEMPLATE.read_text())["User"]
 
