@@ -48,6 +48,7 @@ from hft_infer.kernels.persistent import (
     RESET_C as _RESET,
     STEP_C as _STEP,
     PersistentKernel,
+    ProgramBudgetError,
     RequestRing,
     _arrive,
     _broadcast,
@@ -186,7 +187,8 @@ class LstmPersistent(PersistentKernel):
                 raise ValueError("the interpreter runs programs one after another: block_h >= hidden there")
             max_programs = 1
         if w.n_blocks > max_programs:
-            raise ValueError(f"{w.n_blocks} hidden blocks need {w.n_blocks} programs, max_programs is {max_programs}")
+            raise ProgramBudgetError(f"{w.n_blocks} hidden blocks need {w.n_blocks} programs, max_programs is "
+                                     f"{max_programs}")
         split_max = max(1, max_programs // w.n_blocks)
         if block_m is None:
             # latency first: a batch of one (W rows) spread over the row groups

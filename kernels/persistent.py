@@ -101,6 +101,11 @@ LINE_C = tl.constexpr(LINE)
 CNT_DONE_C = tl.constexpr(CNT_DONE)
 
 
+class ProgramBudgetError(ValueError):
+    """A persistent kernel needs more programs than it may hold (its `max_programs`): all of them
+    must be resident at once for its grid barriers, so it cannot run in fewer."""
+
+
 def persistent_supported(device: torch.device | str | None = None) -> tuple[bool, str]:
     """(True, "") where a persistent kernel may serve requests; else (False, why)."""
     machine = platform.machine().lower()

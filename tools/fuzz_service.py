@@ -217,7 +217,7 @@ def expectations(frames: list[list[bytes]]) -> dict:
             peek = msgpack.unpackb(f[1], raw=False, strict_map_key=False, ext_hook=_any_ext)
         except Exception:  # noqa: BLE001 - not msgpack
             peek = None
-        if isinstance(peek, list) and peek and peek[0] == 5 and not isinstance(peek[0], bool):
+        if isinstance(peek, list) and peek and peek[0] == 5:  # an EventBatch's tag
             events, pairs = batch_events(f[1], dec)
             if events >= 0:
                 batch_extra += events - 1

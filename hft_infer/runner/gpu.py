@@ -133,7 +133,12 @@ class KernelStep:
         carries `staged_rows` rows per entry)."""
         if self.kind == "mlp":
             from hft_infer.kernels.mlp_persistent import MlpPersistent
+            from hft_infer.kernels.persistent import ProgramBudgetError
 
+            # the MLP's program count is fixed when its weights are packed (MlpWeights.ksplit)
+            if max_programs is not None and self.w.programs_per_tile > max_programs:
+                raise ProgramBudgetError(f"the MLP kernel holds {self.w.programs_per_tile} programs, max_programs "
+                                         f"is {max_programs}")
             return MlpPersistent(self.w, ring, self.thresholds, self.held)
         from hft_infer.kernels.lstm_persistent import LstmPersistent
 
@@ -257,7 +262,7 @@ class PersistentEngine(_GpuEngine):
 
     def __init__(self, kstep: KernelStep, *, max_batch: int, sink_slot: int, reason: str, watchdog_ms: int,
                  max_inflight: int = 4, max_programs: int | None = None) -> None:
-        from hft_infer.kernels.persistent import persistent_supported
+        from hft_infer.kernels.persistent import ProgramBudgetError, persistent_supported
         from hft_infer.runner.staging import RowGather
 
         ok, why = persistent_supported(kstep.device)
@@ -281,13 +286,10 @@ class PersistentEngine(_GpuEngine):
         self._submitted_ns = [0] * k
         try:
             self.kernel = kstep.persistent(self.ring, max_programs=max_programs)
-        except ValueError as e:  # the LSTM's hidden blocks need more programs than allowed
-            raise EngineFailure(f"persistent engine refused: {e} (runner.persistent_programs; by default the "
-                                f"GPU's SMs / universe.shard_count)") from None
-        if max_programs is not None and self.kernel.programs > max_programs:
-            raise EngineFailure(f"persistent engine refused: its kernel holds {self.kernel.programs} programs, more "
-                                f"than the {max_programs} allowed (runner.persistent_programs; by default the GPU's "
-                                f"SMs / universe.shard_count, so that every shard's kernel is resident at once)")
+        except ProgramBudgetError as e:
+            raise EngineFailure(f"persistent engine refused: {e} (runner.persistent_programs; by default the GPU's "
+                                f"SMs / universe.shard_count, so that every shard's kernel is resident at once)") \
+                from None
 
     @staticmethod
     def request_ring(kstep: KernelStep, *, max_batch: int, max_inflight: int, transport: str = "dma"):
