@@ -10,17 +10,22 @@ module handles a run of consecutive batches (merged, up to RUN_MAX events) with 
 columns, so an event costs its share of a few numpy passes (~0.3 µs on the H200 host in frames
 of 256, tools/bench_hotpath.py) and an instrument its trigger.
 
-The column path (a conflating model, the model's number of levels, a clean run of COLUMNS_MIN or
-more events): one numpy pass checks the whole run -- every instrument known, ts_send_ns and
-priority in range, every book finite and non-negative (the high-byte rule of transport/codec.py),
-trades' price, size and side as codec.validate_trade, and each instrument's sequence numbers
-consecutive from its last one. Then each slot's last `depth` rows of the run are scattered into
-the ring as whole rows (older ones would be overwritten before any step reads them; a trade
-repeats the book of the slot's row before it), its position count and last sequence advance,
-and its newest event is the trigger, queued or shed STALE exactly as Ingest._queue_newest does
-for a burst of frames (the earlier ones are CONFLATED into it).
+The column path (the model's number of levels, a clean run of COLUMNS_MIN or more events): one
+numpy pass checks the whole run -- every instrument known, ts_send_ns and priority in range, every
+book finite and non-negative (the high-byte rule of transport/codec.py), trades' price, size and
+side as codec.validate_trade, and each instrument's sequence numbers consecutive from its last
+one. Then, for a conflating model, each slot's last `depth` rows of the run are scattered into the
+ring as whole rows (older ones would be overwritten before any step reads them; a trade repeats
+the book of the slot's row before it), its position count and last sequence advance, and its
+newest event is the trigger, queued or shed STALE exactly as Ingest._queue_newest does for a
+burst of frames (the earlier ones are CONFLATED into it). For a sequential (stateful) model every
+event is queued in feed order, as the per-frame path's Scheduler.push_many would queue it: each
+slot's events up to its room in the scheduler (the rest shed QUEUE_FULL, rows unwritten), their
+rows scattered into the ring, deadlines judged over the columns (a stale event queued apply-only),
+and the pushes one loop over columns (Scheduler.push_in_order) instead of ~2 µs of per-event
+Python each (tools/bench_hotpath.py's "sequential" rows).
 
-Everything else -- a shorter run, a sequential (stateful) model, another number of levels, any
+Everything else -- a shorter run, another number of levels, any
 event that fails a check, a gap, a restart or a repeat in the sequence, a batch under another
 topic than BATCH_TOPIC -- takes the general path: the batch is expanded into its Quote and Trade
 messages (codec.events_of_batch) and handled with the burst's other frames by the per-frame
@@ -44,7 +49,7 @@ from hft_infer.transport.codec import (
 )
 from hft_infer.transport.schema import TAG_EVENT_BATCH, EventBatch, Kind, Quote, Reason, Trade
 
-DECODE_ERROR = int(Reason.DECODE_ERROR)
+DECODE_ERROR, QUEUE_FULL = int(Reason.DECODE_ERROR), int(Reason.QUEUE_FULL)
 KIND_TRADE = int(Kind.TRADE)
 # events in a run of batches from which the column path pays (numpy costs ~1-3 µs per call, the
 # per-frame path ~3-5 µs per event on the dev VM: tools/bench_hotpath.py's EventBatch rows)
@@ -73,6 +78,9 @@ class EventBatchPaths:
             self._slot_table[ids] = np.arange(len(ids))
         # slots as int16 let numpy's stable argsort be a radix sort (O(n))
         self._slot_dtype = np.int16 if len(ids) < 2**15 else np.int64
+        # each slot's configured class of a quote and of a trade (the sequential column path)
+        self._class_q_np = np.asarray(self.class_q, dtype=np.int64)
+        self._class_t_np = np.asarray(self.class_t, dtype=np.int64)
         topic_of = dict(zip(self.ids, self.topics))
         self._topic_of_id = lambda inst: topic_of.get(inst) or topic_for(inst)
 
@@ -90,7 +98,6 @@ class EventBatchPaths:
         flat_m: list = []
         flat_t: list = []
         flat_r: list[int] = []
-        columns_ok = not self.sched.sequential
         i, k = 0, len(msgs)
         while i < k:
             if type(msgs[i]) is not EventBatch:
@@ -103,7 +110,7 @@ class EventBatchPaths:
             while j < k and type(msgs[j]) is EventBatch:
                 size += msgs[j].n
                 j += 1
-            if columns_ok and size >= COLUMNS_MIN:
+            if size >= COLUMNS_MIN:
                 if flat_m:  # what came before, first
                     events += self._handle_frames(flat_m, flat_t, flat_r, offset)
                     flat_m, flat_t, flat_r = [], [], []
@@ -175,8 +182,8 @@ class EventBatchPaths:
         return 0
 
     def _batch_columns(self, batches: list, times: list[int], offset: int) -> bool:
-        """The column path over a run of batches (conflating model, the model's levels); False,
-        having changed nothing, when any event needs the general path."""
+        """The column path over a run of batches of the model's levels; False, having changed
+        nothing, when any event needs the general path."""
         c = merged_event_columns(batches)
         inst, seq, ts_send, prio, kind, books = (c["instrument"], c["seq"], c["ts_send_ns"], c["priority"],
                                                  c["kind"], c["book"])
@@ -230,11 +237,20 @@ class EventBatchPaths:
             last = last_seq[slot]
             if last >= 0 and s0 != last + 1:
                 return False
-        # accepted: every event of the run
-        self._write_rows(books, trades, price, size, side, order, s_sorted, starts, uniq, n)
         ends = np.append(starts[1:], n)
+        group = np.repeat(np.arange(len(uniq)), ends - starts)  # each sorted event's slot, as an index into uniq
+        rank = np.arange(n) - starts[group]  # its place among its slot's events of the run
+        cols = (inst, seq, ts_send, prio, trades, price, size, side, books)
+        if self.sched.sequential:
+            return self._queue_run_in_order(cols, slots, order, s_sorted, starts, ends, group, rank, uniq,
+                                            q_sorted, times, recv, offset)
+        # accepted: every event of the run; a slot's last `depth` rows are written (older ones would
+        # be overwritten before any step reads them)
+        n_per = ends - starts
+        before = np.fromiter(map(self.store.count.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+        self._write_rows(cols, order, s_sorted, starts, group, rank, rank >= (n_per - self.store.depth)[group], before)
         newest = order[ends - 1].tolist()  # original index of each instrument's newest event
-        n_per = (ends - starts).tolist()
+        n_per = n_per.tolist()
         q_last = q_sorted[ends - 1].tolist()
         count = self.store.count
         b_n, b_last, b_pos = self._b_n, self._b_last, self._b_pos
@@ -263,23 +279,69 @@ class EventBatchPaths:
         self._queue_newest()
         return True
 
-    def _write_rows(self, books, trades, price, size, side, order, s_sorted, starts, uniq: list[int],
-                    n: int) -> None:
-        """Each slot's last `depth` rows of the run into the ring (older ones would be overwritten
-        before any step reads them), as the per-frame path writes them: a quote's row is its book
-        with zero trade fields; a trade's repeats the book of the slot's row before it (a quote of
-        the run, or the ring's newest row before the run) with its price and signed size."""
+    def _queue_run_in_order(self, cols: tuple, slots, order, s_sorted, starts, ends, group, rank, uniq: list[int],
+                            q_sorted, times: list[int], recv, offset: int) -> bool:
+        """A sequential (stateful) model: every event of a checked run is queued in feed order, as
+        the per-frame path's push_many would queue it (each slot's events up to its room; the
+        rest, its last ones, shed QUEUE_FULL with their rows unwritten and their positions not
+        taken), with its deadline judged now (a stale one is queued apply-only). False, having
+        changed nothing, when the free request ids would run out (the general path decides which
+        events go without). The pushes are one loop over columns (Scheduler.push_in_order); the
+        rest is numpy over the run."""
+        inst, seq, ts_send, prio, trades, price, size, side, books = cols
+        sched = self.sched
+        n = len(seq)
+        room = np.fromiter(map(sched.room, uniq), dtype=np.int64, count=len(uniq))
+        accepted = np.minimum(ends - starts, room)
+        if int(accepted.sum()) > sched.free_requests():
+            return False
+        keep = rank < accepted[group]
+        before = np.fromiter(map(self.store.count.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+        self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before)
+        # per event, in feed order: accepted, and push's arguments
+        in_feed = np.empty(n, dtype=bool)
+        in_feed[order] = keep
+        positions = np.empty(n, dtype=np.int64)
+        positions[order] = before[group] + rank
+        t_recv = np.full(n, times[0], dtype=np.int64) if recv is None else recv
+        send = ts_send.astype(np.int64)
+        # deadline origin (perf_counter_ns): the publisher's send time when it gave one, but never
+        # after receipt (a publisher clock ahead of ours), as Ingest._handle
+        origin = np.where(send != 0, np.minimum(send - offset, t_recv), t_recv)
+        stale = (t_recv - origin) > self.max_age_ns
+        is_trade = trades if trades is not None else np.zeros(n, dtype=bool)
+        cls = np.where(is_trade, self._class_t_np.take(slots), self._class_q_np.take(slots))
+        if self.honour_priority:
+            p = prio.astype(np.int64)
+            cls = np.where(p < 0, cls, np.minimum(p, self.max_class))
+        ok = np.flatnonzero(in_feed)
+        done = sched.push_in_order(slots.take(ok).tolist(), positions.take(ok).tolist(), seq.take(ok).tolist(),
+                                   cls.take(ok).tolist(), t_recv.take(ok).tolist(), origin.take(ok).tolist(),
+                                   send.take(ok).tolist(), stale.take(ok).tolist())
+        if done != len(ok):
+            raise AssertionError("push_in_order refused an event the room check accepted")
+        count, last_seq = self.store.count, self.last_seq
+        for slot, b, a, q in zip(uniq, before.tolist(), accepted.tolist(), q_sorted[ends - 1].tolist()):
+            count[slot] = b + a
+            last_seq[slot] = q
+        if len(ok) < n:  # QUEUE_FULL: received, not applied; answered in feed order
+            shed = self._shed
+            for i in np.flatnonzero(~in_feed).tolist():
+                shed(QUEUE_FULL, int(slots[i]), int(seq[i]), int(send[i]), int(t_recv[i]), offset)
+        return True
+
+    def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before) -> None:
+        """The rows of the run's events marked in `keep` (in slot-sorted order: a conflating
+        model's last `depth` of each slot, a sequential one's accepted events) into the ring at
+        `before[group] + rank` (`before`: each slot's count before the run), as the per-frame path
+        writes them: a quote's row is its book with zero trade fields; a trade's repeats the book
+        of the slot's row before it (a quote of the run, or the ring's newest row before the run)
+        with its price and signed size."""
+        _, _, _, _, trades, price, size, side, books = cols
         store = self.store
         depth, flat = store.depth, store._flat
+        n = len(order)
         s_sorted = s_sorted.astype(np.int64)  # int16 for the sort; slot * depth overflows int16
-        before = np.asarray([store.count[s] for s in uniq], dtype=np.int64)
-        first = np.zeros(n, dtype=np.int64)
-        first[starts] = 1
-        group = np.cumsum(first) - 1
-        start_of = starts[group]
-        rank = np.arange(n) - start_of
-        n_of = np.diff(np.append(starts, n))[group]
-        keep = rank >= n_of - depth
         positions = before[group] + rank
         width_book = books.shape[1]
         if trades is None:  # quotes only: their books, and zero trade fields, straight into the ring
@@ -292,6 +354,7 @@ class EventBatchPaths:
             store.row_items[s_sorted * depth + positions % depth] = rows.view(store.row_item_dtype).ravel()
         else:
             t_sorted = trades[order]
+            start_of = starts[group]
             # the book of each row: its own (a quote), else the slot's last quote before it in the run
             last_quote = np.where(t_sorted, -1, np.arange(n))
             np.maximum.accumulate(last_quote, out=last_quote)

@@ -36,7 +36,7 @@ class Verdict:
 class IngestRig:
     def __init__(self, *, instruments: int = 16, levels: int = 10, max_levels: int = 10, conflate: bool = True,
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
-                 depth: int = 64, max_pending: int = 64, on_reset=None) -> None:
+                 depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None) -> None:
         self.ctx = zmq.Context.instance()
         ep = f"inproc://ingest-rig-{next(_ids)}"
         self.pull = self.ctx.socket(zmq.PULL)
@@ -44,7 +44,7 @@ class IngestRig:
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.connect(ep)
         self.store = FeatureStore(instruments, levels, depth)
-        cfg = SchedulerConfig(classes=4, default_class=0, max_age_us=max_age_us, capacity=4096,
+        cfg = SchedulerConfig(classes=4, default_class=0, max_age_us=max_age_us, capacity=capacity,
                               max_pending_per_instrument=max_pending)
         table = [[0] * instruments, [0] * instruments]
         self.sched = Scheduler(cfg, instruments, sequential=not conflate, conflate=conflate,

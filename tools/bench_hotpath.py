@@ -13,9 +13,10 @@ Rows (median of --reps repetitions):
                        recv topic + payload, decode, checks, sequence, feature rows, queueing;
                        conflating (default model) with fresh and with stale events (ts_send_ns long
                        past), and sequential. With --baseline REF the same rows for the ingest of git
-                       REF (its hft_infer/ingest.py, ingest_cold.py and scheduler.py, loaded in place
-                       of ours; same store, sockets), repetitions interleaved so that a busy machine
-                       hits both alike, and the ratio
+                       REF (its hft_infer/ingest.py, ingest_cold.py, ingest_batch.py and scheduler.py,
+                       loaded in place of ours; same store, sockets), repetitions interleaved so that
+                       a busy machine hits both alike, and the ratio
+  ingest, EventBatch   the same over EventBatch frames of 16 / 64 / 256 events (with --baseline too)
   ... parts            recv pair, + RCVMORE, decode, the book check (big-int per event; numpy per
                        burst), field reads
   publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 64
@@ -88,12 +89,12 @@ def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0) -> l
 
 
 def load_baseline(ref: str):
-    """The Ingest and Scheduler classes of git REF: its hft_infer/ingest.py, ingest_cold.py (where
-    it has one) and scheduler.py, under private names, so that the baseline is REF's whole
+    """The Ingest and Scheduler classes of git REF: its hft_infer/ingest.py, ingest_cold.py and
+    ingest_batch.py (where it has them) and scheduler.py, under private names, so that the baseline is REF's whole
     ingest path (the scheduler's push is part of the sequential row)."""
     root = Path(__file__).resolve().parent.parent
     d = Path(tempfile.mkdtemp(prefix="hft-hp-base-", dir="/tmp"))
-    for name in ("ingest_cold", "ingest", "scheduler"):
+    for name in ("ingest_cold", "ingest_batch", "ingest", "scheduler"):
         if Path(ref).is_dir():  # a copy of REF's hft_infer/ (a machine without the repository's .git)
             f = Path(ref) / f"{name}.py"
             got = subprocess.CompletedProcess([], 0 if f.is_file() else 1, f.read_text() if f.is_file() else "",
@@ -102,11 +103,12 @@ def load_baseline(ref: str):
             got = subprocess.run(["git", "-C", str(root), "show", f"{ref}:hft_infer/{name}.py"], capture_output=True,
                                  text=True)
         if got.returncode:
-            if name != "ingest_cold":
+            if name not in ("ingest_cold", "ingest_batch"):
                 raise SystemExit(f"bench_hotpath: no hft_infer/{name}.py at {ref}: {got.stderr.strip()}")
             continue
         # the baseline's own cold paths, under a private name (NO_REQUEST stays ours: the same -1)
         text = got.stdout.replace("from hft_infer.ingest_cold import", "from _base_ingest_cold import")
+        text = text.replace("from hft_infer.ingest_batch import", "from _base_ingest_batch import")
         (d / f"_base_{name}.py").write_text(text)
     sys.path.insert(0, str(d))
     classes = []
@@ -364,13 +366,19 @@ def main() -> None:
                                 ("sequential (conflate off)", ['scheduler.conflate="off"',
                                                                "scheduler.max_pending_per_instrument=4096",
                                                                "scheduler.capacity=262144"], 0)):
-        rig = Rig(overrides + ["ingest.max_drain=64"])
+        rigs = [Rig(overrides + ["ingest.max_drain=64"])]
+        if base_cls:
+            rigs.append(Rig(overrides + ["ingest.max_drain=64"], base_cls))
         try:
             for size in (16, 64, 256):
-                got = ingest_ns_per_event([rig], event_batches(a.n, size, ts_send_ns=ts), a.reps, events=a.n)
+                got = ingest_ns_per_event(rigs, event_batches(a.n, size, ts_send_ns=ts), a.reps, events=a.n)
                 rows.append((f"ingest, EventBatch frames of {size}, bursts of 64 frames, {name}", got[0], "ns/event"))
+                if base_cls:
+                    rows.append((f"  baseline {a.baseline}", got[1], "ns/event"))
+                    rows.append(("  baseline / this", got[1] / got[0], "x"))
         finally:
-            rig.close()
+            for rig in rigs:
+                rig.close()
     rows += [(f"  part: {n}", v, "ns/event") for n, v in recv_parts(min(a.n, 20000), a.reps)]
     rows += [(f"  part: {n}", v, "ns/event") for n, v in parts(frames[:20000], a.reps)]
     for mode in ("batch", "per_instrument"):

@@ -122,6 +122,27 @@ def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
     assert final.received == 6000
 
 
+def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_running_service(tmp_path):
+    """A sequential model (lstm_a in stream mode: every row applied in order) fed EventBatch frames
+    of 64 (--max: full frames, so the ingest queues each run as columns, ingest_batch.py): every
+    event is decided, each exactly as the offline reference scores it with the instrument's whole
+    history (a row missing, repeated or out of order would change every later score)."""
+    overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=8",
+                 "scheduler.max_pending_per_instrument=2048", "scheduler.max_age_us=600000000"]
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "4000", "--instruments", "8", "--max", "--feed-batch", "64",
+                "--verify", "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
+                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        final = svc.stop()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert summary["accounting"]["lost"] == 0 and final.received == 4000
+    assert summary["accounting"]["decided"] == 4000, summary["accounting"]
+    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == 4000
+
+
 def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batches(tmp_path):
     """runner.cpu_worker steps on a thread while the loop ingests; EventBatch frames of ~20 events
     (100k events/s, held up to 100 µs) over 4 instruments and an allowance of 32 rows (max_drain 16)

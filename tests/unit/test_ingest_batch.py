@@ -5,6 +5,8 @@ state, queued triggers, conflation and every rejection with its answer -- on the
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from ingest_rig import IngestRig
@@ -162,6 +164,90 @@ def test_a_stateful_model_takes_every_quote_of_a_batch_in_order():
         burst(b, frames_of(quotes))
         _compare(a, b)
         assert a.acct.by_reason[Reason.QUEUE_FULL] == 14  # 15 - 8 per instrument, unwritten
+    finally:
+        a.close()
+        b.close()
+
+
+def _queued_requests(rig: IngestRig) -> tuple:
+    """What _state does not hold of a sequential scheduler: each queued request's class, send time,
+    n_conflated and deadline origin, the class FIFOs' slot order, the counters, and the answers (without the
+    receive time, which differs between two rigs)."""
+    sched = rig.sched
+    per_slot = {}
+    for slot in range(rig.store.n_slots):
+        ring = sched.s_ring[slot]
+        rids = [ring[(sched.s_head[slot] + j) % sched.max_pending] for j in range(sched.s_len[slot])]
+        # origin == receive: no send time, or one ahead of our clock (counted from receipt)
+        per_slot[slot] = [(sched.r_cls[r], sched.r_send_epoch_ns[r], sched.r_nconf[r],
+                           sched.r_origin_ns[r] == sched.r_recv_ns[r]) for r in rids]
+    fifos = [[sched.q_buf[c][(sched.q_head[c] + j) % rig.store.n_slots] for j in range(sched.q_len[c])]
+             for c in range(sched.classes)]
+    answers = [a[:8] for a in zip(*rig.answers.columns())]
+    return per_slot, fifos, sched.pending, sched.queued_slots, answers, list(rig.acct.by_reason), rig.acct.shed
+
+
+def _step_some(rig: IngestRig, k: int) -> None:
+    """k steps' worth of requests off the queues, decided and their ids given back (as the stepper)."""
+    for _ in range(k):
+        n = rig.sched.form_batch(0, force=True)
+        rig.sched.release_many(rig.sched.batch_rids[:n])
+        rig.acct.decided += n
+
+
+def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_frame_each():
+    """Sequential: runs of batches (quotes and trades, stale and fresh, priorities, instruments past
+    their room in the scheduler) take the column path and end exactly as their events sent one
+    frame each: rows, positions, queued requests in order with their stale flag, class and send
+    time, FIFO order, QUEUE_FULL sheds with their answers, and the accounting."""
+    rng = np.random.default_rng(RNG_SEED + 3)
+    seqs = [0] * 8
+    fresh = time.time_ns()
+    ahead = fresh + 10**11  # a publisher clock 100 s ahead of ours
+    runs = []
+    for k in (40, 300, 33, 120):
+        feed = _feed(rng, k, 5 if k == 300 else 8, seqs, trades=0.2)
+        feed = [(e[0], e[1], e[2], int(rng.choice([0, OLD_NS, fresh, ahead]))) + e[4:] for e in feed]
+        runs.append((feed, rng.integers(-1, 7, len(feed)).tolist()))
+    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=40, depth=128)
+    a, b = IngestRig(**kw), IngestRig(**kw)
+    writes = []
+    a.ingest._write_rows = (lambda w: lambda *args: (writes.append(int(args[6].sum())), w(*args)))(a.ingest._write_rows)
+    try:
+        for feed, prio in runs:
+            half = len(feed) // 2
+            batches = [batch_frame(feed[:half], priority=prio[:half]), batch_frame(feed[half:], priority=prio[half:])]
+            burst(a, batches)
+            # b: the same events, each a frame of its own under its instrument's topic
+            singles = [e for f in batches for e in events_of_batch(msgspec_decode(f[1]))]
+            burst(b, [[topic_for(e.instrument), encode(e)] for e in singles])
+            _compare(a, b)
+            assert _queued_requests(a) == _queued_requests(b)
+            _step_some(a, 3)
+            _step_some(b, 3)
+        assert len(writes) == 4, "every run took the column path"
+        assert a.acct.by_reason[Reason.QUEUE_FULL] > 0, "the 300-event run passed some instruments' room"
+        stale = [a.sched.r_stale[r] for s in range(8) for r in a.sched.s_ring[s][:a.sched.s_len[s]]]
+        assert True in stale and False in stale
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_stateful_run_that_would_exhaust_the_request_ids_takes_the_general_path():
+    rng = np.random.default_rng(RNG_SEED + 4)
+    seqs = [0] * 8
+    feed = _feed(rng, 100, 8, seqs)
+    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=64, capacity=50)
+    a, b = IngestRig(**kw), IngestRig(**kw)
+    columns = []
+    a.ingest._write_rows = (lambda w: lambda *args: (columns.append(1), w(*args)))(a.ingest._write_rows)
+    try:
+        burst(a, [batch_frame(feed)])
+        burst(b, frames_of(feed))
+        _compare(a, b)
+        assert _queued_requests(a) == _queued_requests(b)
+        assert columns == [] and a.acct.by_reason[Reason.QUEUE_FULL] == 50 and a.sched.free_requests() == 0
     finally:
         a.close()
         b.close()
