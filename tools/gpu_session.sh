@@ -12,6 +12,7 @@
 #   tools/gpu_session.sh wave7     # issue 18: shards on one GPU with CUDA MPS (tools/with_mps.sh) and without
 #   tools/gpu_session.sh wave7cap  # issue 18: lstm_a shard capacity (a saturated shard) under MPS, SM shares, without MPS
 #   tools/gpu_session.sh wave7p    # issue 18: GPU engine tests, then persistent shards sized to share the SMs, beside graph, under MPS
+#   BASE_TGZ=F tools/gpu_session.sh wave8  # a sequential model's EventBatch column path against a baseline tree, same call
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -383,6 +384,27 @@ elif [ "$phase" = wave7p ]; then
        ORDER="lstm_a:1 lstm_a:4" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_graph_mps"
   summarize
   verbatim gpu_tests shards_persistent_mps shards_graph_mps
+elif [ "$phase" = wave8 ]; then
+  # issues 12/18: a sequential model's EventBatch runs as columns, against a baseline tree in the same call.
+  # BASE_TGZ: `git archive BASE hft_infer transport kernels replay configs | gzip` (this host may lack BASE's
+  # objects); it runs from PYTHONPATH with PYTHONSAFEPATH (no checkout ahead of it on the path)
+  base=$(mktemp -d /tmp/hft-base-XXXXXX)
+  mkdir -p "$base/pkg" && tar xzf "${BASE_TGZ:?BASE_TGZ: a git archive of the baseline tree}" -C "$base/pkg"
+  for d in transport kernels replay configs; do mv "$base/pkg/$d" "$base/pkg/hft_infer/$d"; done
+  printf '#!/bin/sh\nPYTHONSAFEPATH=1 PYTHONPATH=%s/pkg${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
+    "$base" "$(command -v "$PY")" > "$base/py"
+  chmod +x "$base/py"
+  step base_probe 30 bash -c "cd /tmp && '$base/py' -c 'import hft_infer.ingest_batch as m; print(m.__file__)'"
+  step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
+       --json "$WORK/hotpath.json"
+  step overload_lstm_a 250 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000,300000 \
+       --duration 2 --overload 3 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
+       --json "$WORK/overload_lstm_a.json"
+  bench gpu_100k_batched 45 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1 --feed-batch 256
+  bench gpu_200k_batched 45 -c configs/gpu.toml --with-floor --rate 200000 --duration 3 --warmup 1 --feed-batch 256
+  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py -k "not persistent"
+  summarize
+  verbatim base_probe hotpath overload_lstm_a gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
