@@ -13,6 +13,7 @@
 #   tools/gpu_session.sh wave7cap  # issue 18: lstm_a shard capacity (a saturated shard) under MPS, SM shares, without MPS
 #   tools/gpu_session.sh wave7p    # issue 18: GPU engine tests, then persistent shards sized to share the SMs, beside graph, under MPS
 #   BASE_TGZ=F tools/gpu_session.sh wave8  # a sequential model's EventBatch column path against a baseline tree, same call
+#   BASE_TGZ=F tools/gpu_session.sh wave8b # py-spy of lstm_a past capacity over EventBatch, this tree and the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -103,6 +104,15 @@ if [ "$phase" != summary ] || [ ! -f "$WORK/provenance.txt" ]; then
   provenance > "$WORK/provenance.txt"
 fi
 tee -a "$OUT/session.log" < "$WORK/provenance.txt"
+
+setup_base() {  # $base/py: python running the tree of BASE_TGZ (`git archive BASE hft_infer transport kernels replay configs | gzip`)
+  base=$(mktemp -d /tmp/hft-base-XXXXXX)
+  mkdir -p "$base/pkg" && tar xzf "${BASE_TGZ:?BASE_TGZ: a git archive of the baseline tree}" -C "$base/pkg"
+  for d in transport kernels replay configs; do mv "$base/pkg/$d" "$base/pkg/hft_infer/$d"; done
+  printf '#!/bin/sh\nPYTHONSAFEPATH=1 PYTHONPATH=%s/pkg${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
+    "$base" "$(command -v "$PY")" > "$base/py"
+  chmod +x "$base/py"
+}
 
 bench() {  # bench NAME TIMEOUT ARGS...: hft-infer bench with its JSON and run dir in $WORK
   local name=$1 t=$2; shift 2
@@ -388,12 +398,7 @@ elif [ "$phase" = wave8 ]; then
   # issues 12/18: a sequential model's EventBatch runs as columns, against a baseline tree in the same call.
   # BASE_TGZ: `git archive BASE hft_infer transport kernels replay configs | gzip` (this host may lack BASE's
   # objects); it runs from PYTHONPATH with PYTHONSAFEPATH (no checkout ahead of it on the path)
-  base=$(mktemp -d /tmp/hft-base-XXXXXX)
-  mkdir -p "$base/pkg" && tar xzf "${BASE_TGZ:?BASE_TGZ: a git archive of the baseline tree}" -C "$base/pkg"
-  for d in transport kernels replay configs; do mv "$base/pkg/$d" "$base/pkg/hft_infer/$d"; done
-  printf '#!/bin/sh\nPYTHONSAFEPATH=1 PYTHONPATH=%s/pkg${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
-    "$base" "$(command -v "$PY")" > "$base/py"
-  chmod +x "$base/py"
+  setup_base
   step base_probe 30 bash -c "cd /tmp && '$base/py' -c 'import hft_infer.ingest_batch as m; print(m.__file__)'"
   step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
        --json "$WORK/hotpath.json"
@@ -405,6 +410,21 @@ elif [ "$phase" = wave8 ]; then
   step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py -k "not persistent"
   summarize
   verbatim base_probe hotpath overload_lstm_a gpu_tests
+elif [ "$phase" = wave8b ]; then
+  # where a sequential model's loop time goes past its capacity (lstm_a, 100k events/s over EventBatch frames):
+  # py-spy of this tree and of BASE_TGZ's, then the e2e of both twice, alternated (the runs are bistable there)
+  setup_base
+  step prof_new 60 env FEED_BATCH=256 bash tools/profile_overload.sh "$WORK/prof_new" 100000 3 -c configs/gpu.toml
+  step prof_base 60 env FEED_BATCH=256 PY="$base/py" bash tools/profile_overload.sh "$WORK/prof_base" 100000 3 \
+       -c "$PWD/configs/gpu.toml"
+  for k in 1 2; do
+    bench new_100k_$k 45 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1 --feed-batch 256
+    step base_100k_$k 45 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 100000 --duration 3 --warmup 1 \
+         --feed-batch 256 --quiet --json "$WORK/base_100k_$k.json" --run-dir "$WORK/runs/base_100k_$k"
+  done
+  for p in prof_new prof_base; do head -n 70 "$WORK/$p/spy_top.txt" > "$OUT/$p.txt" 2>/dev/null; done
+  summarize
+  verbatim new_100k_1 base_100k_1 new_100k_2 base_100k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
