@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from ingest_rig import IngestRig
 from test_ingest_burst import LEVELS, OLD_NS, _book, _state, burst, one_by_one, quote, trade
 
@@ -18,6 +19,7 @@ from hft_infer.transport.codec import (
     encode,
     event_batch,
     event_batch_columns,
+    event_batch_shape_ok,
     events_of_batch,
     topic_for,
 )
@@ -316,6 +318,46 @@ def test_a_batch_whose_columns_disagree_is_one_decode_error(damage):
         assert rig.sched.live_requests() == 1 and rig.identity_holds()
     finally:
         rig.close()
+
+
+def _shape_by_the_table(batch: EventBatch) -> bool:
+    """The shape rule read straight off the column tables (transport/schema.py): the oracle for
+    codec.event_batch_shape_ok, which compares cached tuples of lengths instead."""
+    from hft_infer.transport.schema import BYTES_PER_LEVEL, EVENT_BATCH_COLUMNS, EVENT_BATCH_OPTIONAL_COLUMNS
+
+    size = {"<u4": 4, "<u8": 8, "<i8": 8, "<f8": 8, "i1": 1, "u1": 1}
+    n, levels = batch.n, batch.n_levels
+    if n < 1 or levels < 0 or len(batch.book) != n * levels * BYTES_PER_LEVEL:
+        return False
+    if any(len(getattr(batch, name)) != n * size[dt] for name, dt in EVENT_BATCH_COLUMNS):
+        return False
+    if any(len(getattr(batch, name)) not in (0, n * size[dt]) for name, dt in EVENT_BATCH_OPTIONAL_COLUMNS):
+        return False
+    trade = [len(getattr(batch, name)) > 0 for name in ("kind", "price", "size", "side")]
+    return all(trade) or not any(trade)
+
+
+@settings(max_examples=400, deadline=None)
+@given(n=st.integers(-1, 6), levels=st.integers(-1, 3), data=st.data())
+def test_the_shape_check_follows_the_column_tables(n, levels, data):
+    """Column lengths at, or one off, the right ones for n, mostly right (else almost every batch
+    is refused for its first column and the rules for the optional ones go untested)."""
+    k = max(n, 0)
+
+    def required(per_event: int) -> int:
+        return data.draw(st.sampled_from([k * per_event] * 6 + [k * per_event + 1, max(k * per_event - 1, 0)]))
+
+    def optional(per_event: int) -> int:
+        return data.draw(st.sampled_from([0] * 3 + [k * per_event] * 3 + [k * per_event + 1]))
+
+    fields = dict(n=n, n_levels=levels, instrument=bytes(required(4)), seq=bytes(required(8)),
+                  ts_exchange_ns=bytes(required(8)), ts_send_ns=bytes(required(8)),
+                  book=bytes(required(max(levels, 0) * 16)), priority=bytes(optional(1)), kind=bytes(optional(1)),
+                  price=bytes(optional(8)), size=bytes(optional(8)), side=bytes(optional(1)))
+    batch = EventBatch(**fields)
+    assert event_batch_shape_ok(batch) == _shape_by_the_table(batch)
+    for _ in range(2):  # the second call reads the cached lengths for n
+        assert event_batch_shape_ok(batch) == _shape_by_the_table(batch)
 
 
 def test_a_plain_msgpack_client_writes_the_readme_example_and_the_ingest_takes_it():
