@@ -14,6 +14,7 @@
 #   tools/gpu_session.sh wave7p    # issue 18: GPU engine tests, then persistent shards sized to share the SMs, beside graph, under MPS
 #   BASE_TGZ=F tools/gpu_session.sh wave8  # a sequential model's EventBatch column path against a baseline tree, same call
 #   BASE_TGZ=F tools/gpu_session.sh wave8b # py-spy of lstm_a past capacity over EventBatch, this tree and the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave8c # a landing re-check: GPU engine and persistent tests, hotpath beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -425,6 +426,15 @@ elif [ "$phase" = wave8b ]; then
   for p in prof_new prof_base; do head -n 70 "$WORK/$p/spy_top.txt" > "$OUT/$p.txt" 2>/dev/null; done
   summarize
   verbatim new_100k_1 base_100k_1 new_100k_2 base_100k_2
+elif [ "$phase" = wave8c ]; then
+  # the landing re-check: every GPU engine and persistent-kernel test, then the per-event costs beside BASE_TGZ's
+  setup_base
+  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py
+  step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
+       --json "$WORK/hotpath.json"
+  summarize
+  verbatim gpu_tests hotpath
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
