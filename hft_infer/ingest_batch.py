@@ -25,13 +25,13 @@ rows scattered into the ring, deadlines judged over the columns (a stale event q
 and the pushes one loop over columns (Scheduler.push_in_order) instead of ~2 µs of per-event
 Python each (tools/bench_hotpath.py's "sequential" rows).
 
-Everything else -- a shorter run, another number of levels, any
-event that fails a check, a gap, a restart or a repeat in the sequence, a batch under another
-topic than BATCH_TOPIC -- takes the general path: the batch is expanded into its Quote and Trade
-messages (codec.events_of_batch) and handled with the burst's other frames by the per-frame
-code, the one definition of every rule (tests/unit/test_ingest_batch.py holds the column path to
-it). A batch whose columns do not match its `n` and `n_levels` is one DECODE_ERROR, as any frame
-that is not our schema.
+Everything else -- a shorter run, another number of levels, any event that fails a check, a
+gap, a restart or a repeat in the sequence, a batch under another topic than BATCH_TOPIC, a
+sequential run that would need more request ids than are free -- takes the general path: the
+batch is expanded into its Quote and Trade messages (codec.events_of_batch) and handled with the
+burst's other frames by the per-frame code, the one definition of every rule
+(tests/unit/test_ingest_batch.py holds the column path to it). A batch whose columns do not match
+its `n` and `n_levels` is one DECODE_ERROR, as any frame that is not our schema.
 """
 
 from __future__ import annotations
@@ -241,13 +241,13 @@ class EventBatchPaths:
         group = np.repeat(np.arange(len(uniq)), ends - starts)  # each sorted event's slot, as an index into uniq
         rank = np.arange(n) - starts[group]  # its place among its slot's events of the run
         cols = (inst, seq, ts_send, prio, trades, price, size, side, books)
+        before = np.fromiter(map(self.store.count.__getitem__, uniq), dtype=np.int64, count=len(uniq))  # positions
         if self.sched.sequential:
-            return self._queue_run_in_order(cols, slots, order, s_sorted, starts, ends, group, rank, uniq,
+            return self._queue_run_in_order(cols, slots, order, s_sorted, starts, ends, group, rank, uniq, before,
                                             q_sorted, times, recv, offset)
         # accepted: every event of the run; a slot's last `depth` rows are written (older ones would
         # be overwritten before any step reads them)
         n_per = ends - starts
-        before = np.fromiter(map(self.store.count.__getitem__, uniq), dtype=np.int64, count=len(uniq))
         self._write_rows(cols, order, s_sorted, starts, group, rank, rank >= (n_per - self.store.depth)[group], before)
         newest = order[ends - 1].tolist()  # original index of each instrument's newest event
         n_per = n_per.tolist()
@@ -280,7 +280,7 @@ class EventBatchPaths:
         return True
 
     def _queue_run_in_order(self, cols: tuple, slots, order, s_sorted, starts, ends, group, rank, uniq: list[int],
-                            q_sorted, times: list[int], recv, offset: int) -> bool:
+                            before, q_sorted, times: list[int], recv, offset: int) -> bool:
         """A sequential (stateful) model: every event of a checked run is queued in feed order, as
         the per-frame path's push_many would queue it (each slot's events up to its room; the
         rest, its last ones, shed QUEUE_FULL with their rows unwritten and their positions not
@@ -288,7 +288,7 @@ class EventBatchPaths:
         changed nothing, when the free request ids would run out (the general path decides which
         events go without). The pushes are one loop over columns (Scheduler.push_in_order); the
         rest is numpy over the run."""
-        inst, seq, ts_send, prio, trades, price, size, side, books = cols
+        _, seq, ts_send, prio, trades, *_ = cols
         sched = self.sched
         n = len(seq)
         room = np.fromiter(map(sched.room, uniq), dtype=np.int64, count=len(uniq))
@@ -296,7 +296,6 @@ class EventBatchPaths:
         if int(accepted.sum()) > sched.free_requests():
             return False
         keep = rank < accepted[group]
-        before = np.fromiter(map(self.store.count.__getitem__, uniq), dtype=np.int64, count=len(uniq))
         self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before)
         # per event, in feed order: accepted, and push's arguments
         in_feed = np.empty(n, dtype=bool)
@@ -324,10 +323,12 @@ class EventBatchPaths:
         for slot, b, a, q in zip(uniq, before.tolist(), accepted.tolist(), q_sorted[ends - 1].tolist()):
             count[slot] = b + a
             last_seq[slot] = q
-        if len(ok) < n:  # QUEUE_FULL: received, not applied; answered in feed order
+        if len(ok) < n:  # QUEUE_FULL: received, not applied; answered in feed order (past capacity: many)
             shed = self._shed
-            for i in np.flatnonzero(~in_feed).tolist():
-                shed(QUEUE_FULL, int(slots[i]), int(seq[i]), int(send[i]), int(t_recv[i]), offset)
+            out = np.flatnonzero(~in_feed)
+            for slot, q, sd, tr in zip(slots.take(out).tolist(), seq.take(out).tolist(), send.take(out).tolist(),
+                                       t_recv.take(out).tolist()):
+                shed(QUEUE_FULL, slot, q, sd, tr, offset)
         return True
 
     def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before) -> None:

@@ -90,8 +90,8 @@ def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0) -> l
 
 def load_baseline(ref: str):
     """The Ingest and Scheduler classes of git REF: its hft_infer/ingest.py, ingest_cold.py and
-    ingest_batch.py (where it has them) and scheduler.py, under private names, so that the baseline is REF's whole
-    ingest path (the scheduler's push is part of the sequential row)."""
+    ingest_batch.py (where it has them) and scheduler.py, under private names, so that the
+    baseline is REF's whole ingest path (the scheduler's push is part of the sequential row)."""
     root = Path(__file__).resolve().parent.parent
     d = Path(tempfile.mkdtemp(prefix="hft-hp-base-", dir="/tmp"))
     for name in ("ingest_cold", "ingest_batch", "ingest", "scheduler"):

@@ -173,7 +173,7 @@ def shared_gpu_warning(cfg: Config, environ=os.environ) -> str:
     """A note for the engine's reason when this is one of several shards on a GPU and no MPS daemon
     is in sight: the shards' CUDA contexts would then time-slice the GPU (BENCHMARKS.md, wave 7:
     lstm_a 48 % of 4x at 4 shards without MPS, 99 % with). Seen: $CUDA_MPS_PIPE_DIRECTORY, or the
-    driver's default pipe directory /tmp/nvidia-mps (a system-wide daemon)."""
+    driver's default control pipe /tmp/nvidia-mps/control (a system-wide daemon)."""
     if cfg.universe.shard_count <= 1:
         return ""
     if environ.get("CUDA_MPS_PIPE_DIRECTORY") or os.path.exists("/tmp/nvidia-mps/control"):
