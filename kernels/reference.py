@@ -65,15 +65,41 @@ def _mask(width: int, device: str):
     return torch.from_numpy(m).to(device)
 
 
+# numpy arrays of at least this many elements take the column-split evaluation (below): the same
+# formulas, each on the columns it applies to. Under it the per-call cost of its extra calls wins
+# (dev VM: 1 row 33 against 38 µs; 64 rows 60 against 46; 2048 rows 1,640 against 790).
+SPLIT_MIN = 512
+
+
 def preprocess(raw):
     """Raw rows (..., F) -> features (..., F), in raw's dtype. Pure and batched."""
     xp = _namespace(raw)
+    if xp is np and raw.size >= SPLIT_MIN:
+        return _preprocess_split(raw)
     mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
     mid_ok = mid > 0
     safe = xp.where(mid_ok, mid, xp.ones_like(mid))
     prices = xp.where((raw > 0) & mid_ok, (raw - safe) / safe * BPS, xp.zeros_like(raw))
     sizes = xp.log1p(xp.abs(raw)) * xp.sign(raw)
     return xp.where(price_positions(raw.shape[-1], raw), prices, sizes)
+
+
+def _preprocess_split(raw: np.ndarray) -> np.ndarray:
+    """`preprocess` of a numpy array, bit for bit (tests/unit/test_reference_split.py), with each
+    formula evaluated only on its own columns: the price formula on the even ones, the size
+    formula on the odd ones. The whole-row form computes both on every column and keeps one;
+    log1p is numpy's costliest call here (~10 ns per float32 element, no SIMD loop), so
+    evaluating it on half the columns halves the transform of a batch (the CPU engine's
+    catch-up of conflated windows transforms up to W rows per trigger)."""
+    out = np.empty_like(raw)
+    mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
+    mid_ok = mid > 0
+    safe = np.where(mid_ok, mid, np.ones_like(mid))
+    px = raw[..., 0::2]
+    out[..., 0::2] = np.where((px > 0) & mid_ok, (px - safe) / safe * BPS, np.zeros_like(px))
+    sz = raw[..., 1::2]
+    out[..., 1::2] = np.log1p(np.abs(sz)) * np.sign(sz)
+    return out
 
 
 def normalise(features, mean, inv_std):
