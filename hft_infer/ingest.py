@@ -100,7 +100,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
     def __init__(self, sock: zmq.Socket, *, instrument_ids: list[int], store, sched, acct, answers, clock,
                  topic_frame: bool, max_frame_bytes: int, max_levels: int, model_levels: int, max_age_us: int,
                  class_by_slot_kind: list[list[int]], honour_message_priority: bool, classes: int,
-                 publish_shed: bool, publish_rejected: bool, on_reset, max_batch_frame_bytes: int = 65536) -> None:
+                 publish_shed: bool, publish_rejected: bool, on_reset, max_batch_frame_bytes: int = 65536,
+                 rows_read: int = 0) -> None:
         self.sock = sock
         self.ids = instrument_ids
         self.slot_of = {iid: s for s, iid in enumerate(instrument_ids)}
@@ -130,6 +131,10 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         self._masks = _high_byte_masks(model_levels)
         self._zero_book = bytes(model_levels * BYTES_PER_LEVEL)
         self._chunk = store.depth  # events handled together: no slot's ring wraps within a chunk
+        # the newest rows per slot a model step reads (its window; 0: the whole ring): a conflating
+        # EventBatch run writes only these of each slot, since no step reads the older ones before
+        # newer rows replace them (ingest_batch.py; under overload a run holds many rows per slot)
+        self.rows_kept = min(rows_read, store.depth) if rows_read > 0 else store.depth
         self.burst_ns = 0  # receive -> queued time of the last burst, per event (the `ingest` stage)
         # the chunk being handled: its decoded messages, receive times, the rows to write and,
         # conflating, each touched slot's newest event (index, position) and accepted count

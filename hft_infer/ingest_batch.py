@@ -10,20 +10,21 @@ module handles a run of consecutive batches (merged, up to RUN_MAX events) with 
 columns, so an event costs its share of a few numpy passes (~0.3 µs on the H200 host in frames
 of 256, tools/bench_hotpath.py) and an instrument its trigger.
 
-The column path (the model's number of levels, a clean run of COLUMNS_MIN or more events): one
-numpy pass checks the whole run -- every instrument known, ts_send_ns and priority in range, every
-book finite and non-negative (the high-byte rule of transport/codec.py), trades' price, size and
-side as codec.validate_trade, and each instrument's sequence numbers consecutive from its last
-one. Then, for a conflating model, each slot's last `depth` rows of the run are scattered into the
-ring as whole rows (older ones would be overwritten before any step reads them; a trade repeats
-the book of the slot's row before it), its position count and last sequence advance, and its
-newest event is the trigger, queued or shed STALE exactly as Ingest._queue_newest does for a
-burst of frames (the earlier ones are CONFLATED into it). For a sequential (stateful) model every
-event is queued in feed order, as the per-frame path's Scheduler.push_many would queue it: each
-slot's events up to its room in the scheduler (the rest shed QUEUE_FULL, rows unwritten), their
-rows scattered into the ring, deadlines judged over the columns (a stale event queued apply-only),
-and the pushes one loop over columns (Scheduler.push_in_order) instead of ~2 µs of per-event
-Python each (tools/bench_hotpath.py's "sequential" rows).
+The column path (the model's number of levels, a clean run of COLUMNS_MIN or more events): one numpy
+pass checks the whole run -- every instrument known, ts_send_ns and priority in range, every book
+finite and non-negative (the high-byte rule of transport/codec.py), trades' price, size and side as
+codec.validate_trade, and each instrument's sequence numbers consecutive from its last one. Then,
+for a conflating model, each slot's last `rows_kept` rows of the run (the model's window, at most
+the ring's depth: no step reads further back before newer rows replace them) are scattered into the
+ring as whole rows (a trade repeats the book of the slot's row before it), its position count and
+last sequence advance, and its newest event is the trigger, queued or shed STALE exactly as
+Ingest._queue_newest does for a burst of frames (the earlier ones are CONFLATED into it). For a
+sequential (stateful) model every event is queued in feed order, as the per-frame path's
+Scheduler.push_many would queue it: each slot's events up to its room in the scheduler (the rest
+shed QUEUE_FULL, rows unwritten), their rows scattered into the ring, deadlines judged over the
+columns (a stale event queued apply-only), and the pushes one loop over columns
+(Scheduler.push_in_order) instead of ~2 µs of per-event Python each (tools/bench_hotpath.py's
+"sequential" rows).
 
 Everything else -- a shorter run, another number of levels, any event that fails a check, a
 gap, a restart or a repeat in the sequence, a batch under another topic than BATCH_TOPIC, a
@@ -245,10 +246,10 @@ class EventBatchPaths:
         if self.sched.sequential:
             return self._queue_run_in_order(cols, slots, order, s_sorted, starts, ends, group, rank, uniq, before,
                                             q_sorted, times, recv, offset)
-        # accepted: every event of the run; a slot's last `depth` rows are written (older ones would
-        # be overwritten before any step reads them)
+        # accepted: every event of the run; a slot's last `rows_kept` rows are written (the model's
+        # window: older ones are never read by a step before newer rows replace them)
         n_per = ends - starts
-        self._write_rows(cols, order, s_sorted, starts, group, rank, rank >= (n_per - self.store.depth)[group], before)
+        self._write_rows(cols, order, s_sorted, starts, group, rank, rank >= (n_per - self.rows_kept)[group], before)
         newest = order[ends - 1].tolist()  # original index of each instrument's newest event
         n_per = n_per.tolist()
         q_last = q_sorted[ends - 1].tolist()

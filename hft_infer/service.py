@@ -74,6 +74,7 @@ class Service:
         self.engine = WorkerEngine(rt.engine) if cfg.runner.cpu_worker and rt.engine.name == "eager" else rt.engine
         self._inflight_rows = rt.inflight_rows
         self.levels = rt.model.spec.levels
+        self.window = rt.model.spec.window  # the newest rows per instrument a step reads
         self.class_table = self._class_table(cfg, ids)
         self.sched = Scheduler(cfg.scheduler, self.n_slots, sequential=rt.sequential, conflate=rt.conflate,
                                class_by_slot_kind=self.class_table)
@@ -165,7 +166,7 @@ class Service:
             model_levels=self.levels, max_age_us=sc.max_age_us, class_by_slot_kind=self.class_table,
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,
             publish_shed=cfg.egress.publish_shed, publish_rejected=cfg.egress.publish_rejected,
-            on_reset=self._reset_slots)
+            on_reset=self._reset_slots, rows_read=self.window)
         self.step = Stepper(engine=self.engine, sched=self.sched, store=self.store, ingester=self.ingest,
                             egress=self.egress, acct=self.acct, clock=self.clock, stages=self.stages,
                             instrument_ids=self.instrument_ids, inflight_rows=self._inflight_rows,

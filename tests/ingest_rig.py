@@ -36,7 +36,8 @@ class Verdict:
 class IngestRig:
     def __init__(self, *, instruments: int = 16, levels: int = 10, max_levels: int = 10, conflate: bool = True,
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
-                 depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None) -> None:
+                 depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None,
+                 rows_read: int = 0) -> None:
         self.ctx = zmq.Context.instance()
         ep = f"inproc://ingest-rig-{next(_ids)}"
         self.pull = self.ctx.socket(zmq.PULL)
@@ -57,7 +58,7 @@ class IngestRig:
             answers=self.answers, clock=EpochClock(), topic_frame=topic_frame, max_frame_bytes=max_frame_bytes,
             max_levels=max_levels, model_levels=levels, max_age_us=max_age_us, class_by_slot_kind=table,
             honour_message_priority=True, classes=4, publish_shed=True, publish_rejected=True,
-            on_reset=on_reset or self.resets.append)
+            on_reset=on_reset or self.resets.append, rows_read=rows_read)
 
     def send(self, parts: list[bytes]) -> int:
         """Send one message (its frames) and drain it; returns the frames the ingest read."""

@@ -96,6 +96,40 @@ def test_the_column_path_ends_as_the_quotes_sent_one_frame_each():
         b.close()
 
 
+def test_with_the_models_window_given_a_conflating_run_writes_only_each_slots_window():
+    """rows_read = W (the service passes its model's window): a conflating run writes each slot's
+    last W rows, the only ones a step reads (older ones: never read before newer rows replace
+    them); those rows, trades' books taken from unwritten quotes included, and all other state
+    end exactly as the same events one frame each (which write every row)."""
+    window = 10
+    rng = np.random.default_rng(RNG_SEED + 1)
+    seqs = [0] * 8
+    sizes = [300, 40, 129, 33]  # ~50, ~7, ~21, ~5 events per instrument per run
+    feeds = [_feed(rng, k, 6, seqs, trades=0.3) for k in sizes]
+    a = IngestRig(instruments=8, topic_frame=True, rows_read=window)
+    b = IngestRig(instruments=8, topic_frame=True)
+    writes = []
+    write_rows = a.ingest._write_rows
+    a.ingest._write_rows = lambda *args: (writes.append(int(args[6].sum())), write_rows(*args))
+    try:
+        for f in feeds:
+            burst(a, [batch_frame(f)])
+        one_by_one(b, [fr for f in feeds for fr in frames_of(f)])
+        per_run = [sum(min(c, window) for c in np.bincount([e[0] for e in f]).tolist()) for f in feeds]
+        assert writes == per_run and per_run[0] < sizes[0]
+        sa, sb = _state(a), _state(b)
+        sa.pop("rows"), sb.pop("rows")
+        assert sa == sb and a.sched.conflated == b.sched.conflated
+        for slot in range(8):
+            n = a.store.count[slot]
+            assert n == b.store.count[slot]
+            np.testing.assert_array_equal(a.store.window(slot, n - 1, window), b.store.window(slot, n - 1, window))
+        assert a.identity_holds()
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("case", ["clean", "nan", "unknown", "gap", "repeat", "restart", "ts_negative", "priority",
                                   "levels", "wrong_topic", "first_seq_after_history"])
 def test_a_batch_the_column_path_refuses_ends_as_its_quotes_in_one_burst(case):

@@ -6,8 +6,7 @@ or the CPU engine's decisions would depend on its batch size."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from hft_infer.kernels import reference
