@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import os
 import shutil
 import statistics
@@ -117,7 +118,21 @@ def load_baseline(ref: str):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         classes.append(getattr(mod, cls))
-    return tuple(classes)
+    return (_accepting_new_keywords(classes[0]), classes[1])
+
+
+def _accepting_new_keywords(ingest_cls):
+    """REF's Ingest, made to ignore the keyword arguments our Service passes that REF's __init__
+    does not take (e.g. `rows_read`, added after it): REF then runs as REF did."""
+    params = inspect.signature(ingest_cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return ingest_cls
+
+    class BaselineIngest(ingest_cls):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+    return BaselineIngest
 
 
 class Rig:

@@ -15,6 +15,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave8  # a sequential model's EventBatch column path against a baseline tree, same call
 #   BASE_TGZ=F tools/gpu_session.sh wave8b # py-spy of lstm_a past capacity over EventBatch, this tree and the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave8c # a landing re-check: GPU engine and persistent tests, hotpath beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave9  # landing check: GPU + reference tests, hotpath beside the baseline, default goodput
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -435,6 +436,19 @@ elif [ "$phase" = wave8c ]; then
        --json "$WORK/hotpath.json"
   summarize
   verbatim gpu_tests hotpath
+elif [ "$phase" = wave9 ]; then
+  # the landing check of wave 9: GPU engine, persistent-kernel and reference tests (reference.preprocess
+  # changed), the per-event ingest beside BASE_TGZ's (a conflating run now writes only each slot's
+  # window), and the default config's goodput and overload as wave 5 measured it at 0d33765
+  setup_base
+  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py tests/unit/test_reference_split.py tests/unit/test_reference_shared.py
+  step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
+       --json "$WORK/hotpath.json"
+  step overload_default 250 $PY tools/bench_overload.py --rates 50000,100000,200000 --duration 2 --overload 3,10 \
+       --overload-duration 3 --feed-batch 256 --json "$WORK/overload_default.json"
+  summarize
+  verbatim gpu_tests hotpath overload_default
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
