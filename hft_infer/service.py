@@ -7,8 +7,9 @@
         step.submit()    the device can take a step and a batch is due? form, stage, submit
         step.flush()     what submit answered (stale, shed), in one frame
         _housekeeping()  when due: snapshot to the control process, Status, GC, watchdog, feed monitor
-        idle             fold a chunk of histogram samples, adapt the batching wait, then
-                         spin (busy) / spin then sleep on the socket FD (hybrid) / sleep (event)
+        idle             fold one stage's histogram samples once it has a chunk's worth, adapt the
+                         batching wait, then spin (busy) / spin then sleep on the socket FD
+                         (hybrid) / sleep (event)
 
 The step phase lives in stepper.py: a step may be in flight while the loop
 keeps ingesting (GPU engines; the CPU engine with `runner.cpu_worker`), and
@@ -287,6 +288,7 @@ class Service:
         yield_ns = cfg.yield_interval_us * 1000
         engine, sched, stages, step = self.engine, self.sched, self.stages, self.step
         gap_buf = self.bufs["loop_gap"]
+        idle_fold_min = stages.IDLE_FOLD_MIN
         last_yield = last_work = last_iter = perf_ns()
         gap_max = 0
         gap_window_end = last_iter + GAP_WINDOW_NS
@@ -316,9 +318,8 @@ class Service:
                 if stages.pressure():  # a buffer is filling: fold a bounded chunk even when busy
                     stages.fold_some()
                 continue
-            if stages.pending():
-                stages.fold_some()  # idle: fold raw samples in bounded chunks
-            elif sched.adaptive is not None:
+            # idle: fold one stage, once it holds a chunk's worth (each fold's cost is mostly fixed)
+            if not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
             if step.inflight or mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns):
                 if now - last_yield >= yield_ns:

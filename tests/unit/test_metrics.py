@@ -107,3 +107,32 @@ def test_stage_histograms_fold_accumulates_and_intervals_reset():
     s = st.summary()
     assert s["a"]["count"] == 160 and s["b"]["count"] == 0
     assert s["a"]["max_us"] == 0.1
+
+
+def test_the_idle_fold_takes_one_stage_and_only_once_it_holds_enough_samples():
+    from hdrh.histogram import HdrHistogram
+
+    st = StageHistograms(("a", "b", "c"), capacity=65536)
+    st.buffers["a"].add_many(np.arange(1, 100))
+    st.buffers["b"].add_many(np.arange(1, 300) * 1000)
+    assert st.fold_one(min_samples=300) == 0  # no stage holds 300 yet: nothing folded
+    assert st.pending() == 99 + 299 and st.cumulative["b"].get_total_count() == 0
+    st.buffers["b"].add(7)
+    assert st.fold_one(min_samples=300) == 300  # b is the fullest, and only b is folded
+    assert st.buffers["b"].n == 0 and st.buffers["a"].n == 99
+    assert st.cumulative["a"].get_total_count() == 0
+    ref = HdrHistogram(1, 60_000_000_000, 3)
+    for v in [*(np.arange(1, 300) * 1000).tolist(), 7]:
+        ref.record_value(v)
+    ours = st.cumulative["b"]
+    assert ours.get_total_count() == 300 and (ours.min_value, ours.max_value) == (ref.min_value, ref.max_value)
+    for p in (1, 50, 99, 100):
+        assert ours.get_value_at_percentile(p) == ref.get_value_at_percentile(p)
+    # out-of-range samples (a clock step, a stall past the histogram) are clamped, never lost
+    st.buffers["c"].add_many(np.array([-5, 3, 10**12]))
+    assert st.fold_one(min_samples=1) == 99  # a first: the fullest
+    assert st.fold_one(min_samples=1) == 3
+    c = st.cumulative["c"]
+    assert c.get_total_count() == 3 and c.min_value == 0 and c.max_value == c.highest_trackable_value
+    assert st.fold_one(min_samples=1) == 0 and st.pending() == 0
+    assert st.take_interval()["b"].total == 300
