@@ -16,6 +16,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave8b # py-spy of lstm_a past capacity over EventBatch, this tree and the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave8c # a landing re-check: GPU engine and persistent tests, hotpath beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave9  # landing check: GPU + reference tests, hotpath beside the baseline, default goodput
+#   BASE_TGZ=F tools/gpu_session.sh wave10 # low-rate latency: lstm_a at 10k (graph/zmq, persistent/iceoryx2) beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -449,6 +450,28 @@ elif [ "$phase" = wave9 ]; then
        --overload-duration 3 --feed-batch 256 --json "$WORK/overload_default.json"
   summarize
   verbatim gpu_tests hotpath overload_default
+elif [ "$phase" = wave10 ]; then
+  # low-rate latency (issue 12's 10k targets, issue 19's row): the idle loop folding one stage once it holds a
+  # chunk, beside BASE_TGZ's folding every stage whenever it went idle; lstm_a at 10k events/s, graph engine
+  # over zmq (alternated, with the floor) and persistent over iceoryx2; then py-spy of the service at 10k
+  setup_base
+  for k in 1 2; do
+    bench new_g10k_$k 70 -c configs/gpu.toml --rate 10000 --duration 3 --warmup 1 --with-floor
+    step base_g10k_$k 70 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 10000 --duration 3 --warmup 1 \
+         --with-floor --quiet --json "$WORK/base_g10k_$k.json" --run-dir "$WORK/runs/base_g10k_$k"
+  done
+  bench new_p10k_shm 70 -c configs/gpu.toml --rate 10000 --duration 3 --warmup 1 --transport iceoryx2 \
+        --set 'runner.engine="persistent"' --with-floor
+  step base_p10k_shm 70 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 10000 --duration 3 --warmup 1 \
+       --transport iceoryx2 --set 'runner.engine="persistent"' --quiet --json "$WORK/base_p10k_shm.json" \
+       --run-dir "$WORK/runs/base_p10k_shm"
+  bench new_p100k_shm 70 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1 --transport iceoryx2 \
+        --set 'runner.engine="persistent"'
+  step prof_new_10k 60 env FEED_BATCH=0 SPY_RATE=1000 bash tools/profile_overload.sh "$WORK/prof_new_10k" 10000 3 \
+       -c configs/gpu.toml
+  head -n 80 "$WORK/prof_new_10k/spy_top.txt" > "$OUT/prof_new_10k.txt" 2>/dev/null
+  summarize
+  verbatim new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2 new_p10k_shm base_p10k_shm new_p100k_shm
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
