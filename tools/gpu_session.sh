@@ -17,6 +17,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave8c # a landing re-check: GPU engine and persistent tests, hotpath beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave9  # landing check: GPU + reference tests, hotpath beside the baseline, default goodput
 #   BASE_TGZ=F tools/gpu_session.sh wave10 # low-rate latency: lstm_a at 10k (graph/zmq, persistent/iceoryx2) beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave10b # landing check: GPU tests, lstm_a at 10k beside the baseline, hot path
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -472,6 +473,20 @@ elif [ "$phase" = wave10 ]; then
   head -n 80 "$WORK/prof_new_10k/spy_top.txt" > "$OUT/prof_new_10k.txt" 2>/dev/null
   summarize
   verbatim new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2 new_p10k_shm base_p10k_shm new_p100k_shm
+elif [ "$phase" = wave10b ]; then
+  # the landing check of wave 10: GPU engine and persistent-kernel tests, lstm_a at 10k beside BASE_TGZ again
+  # (alternated, with the floor: the idle fold and the packed DecisionBatch), the hot path's publish rows
+  setup_base
+  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py tests/unit/test_egress_frame.py tests/unit/test_metrics.py
+  for k in 1 2; do
+    bench new_g10k_$k 60 -c configs/gpu.toml --rate 10000 --duration 3 --warmup 1 --with-floor
+    step base_g10k_$k 60 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 10000 --duration 3 --warmup 1 \
+         --with-floor --quiet --json "$WORK/base_g10k_$k.json" --run-dir "$WORK/runs/base_g10k_$k"
+  done
+  step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 20000 --reps 3 --json "$WORK/hotpath.json"
+  summarize
+  verbatim gpu_tests new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2 hotpath
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
