@@ -23,6 +23,10 @@ Rows (median of --reps repetitions):
                        requests, egress.mode batch (one DecisionBatch) and per_instrument
   idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
   fold                 StageHistograms.fold_some of one chunk (4096 samples), per chunk
+  one event per cycle  --low-rate N events, each sent after >= 100 µs of the loop's idle path (as at
+                       low rates): its ingest, submit, device wait, complete, flush and whole cycle
+                       (wall clock, p50 and p90), default model and lstm_a (sequential), the engine
+                       `auto` picks (the graph engine on a GPU)
 
 Targets (issue "Hot path v2", H200 host): ingest <= 1.5 µs/event in bursts, publish <= 0.5
 µs/decision in batch mode. On the dev VM the absolute figures are the VM's; compare rows.
@@ -241,6 +245,54 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
     return statistics.median(out)
 
 
+def low_rate_cycle(rig: Rig, frames, idle_us: float = 100.0) -> dict[str, list[int]]:
+    """One event per loop cycle, as at low rates: run the loop's idle path (an ingest poll,
+    engine.poll, housekeeping, as Service._loop does) for `idle_us`, send a frame, idle on until the
+    iteration that reads it, then submit, wait for the device, complete and flush, each timed on
+    the wall clock (ns). What one event costs the loop when nothing is batched with it."""
+    svc = rig.svc
+    step, engine, sched = svc.step, svc.engine, svc.sched
+    send, more = rig.pub.send, int(zmq.SNDMORE)
+    pc = time.perf_counter_ns
+    out: dict[str, list[int]] = {k: [] for k in ("ingest", "submit", "device", "complete", "flush", "loop")}
+    idle_ns = int(idle_us * 1000)
+    def idle_iteration(t0: int) -> int:
+        n = step.ingest()
+        if not n:
+            engine.poll()
+            svc._housekeeping(t0)
+        return n
+
+    for topic, payload in frames:
+        t_idle = pc()
+        while pc() - t_idle < idle_ns:  # the idle loop, nothing to read
+            idle_iteration(pc())
+        send(topic, more)
+        send(payload)
+        while True:  # until the iteration that reads the frame
+            t0 = pc()
+            n = idle_iteration(t0)
+            t1 = pc()
+            if n:
+                break
+        if not (engine.can_submit and sched.queued_slots):
+            continue  # rejected or conflated into a queued request: nothing to step
+        step.submit()  # a CPU engine steps here (and step.submit completes it at once)
+        t2 = pc()
+        while step.inflight and not engine.poll():
+            pass
+        t3 = pc()
+        if step.inflight:
+            step.complete()
+        t4 = pc()
+        step.flush()
+        t5 = pc()
+        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
+            out[k].append(v)
+        svc.stages.fold_one(svc.stages.IDLE_FOLD_MIN)
+    return out
+
+
 def parts(frames, reps: int) -> list[tuple[str, float]]:
     """The pieces of one event's ingest, each on its own (ns per event)."""
     decode = IngressDecoder().decode
@@ -354,6 +406,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--baseline", metavar="REF",
                     help="also measure the ingest of git REF (e.g. main; or a folder: see above), interleaved")
+    ap.add_argument("--low-rate", type=int, default=2000, metavar="N",
+                    help="events sent one per loop cycle after >= 100 µs of idle loop (0: skip those rows)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
@@ -405,6 +459,19 @@ def main() -> None:
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]
+    for name, overrides in (("default mlp_small, conflating", []),
+                            ("lstm_a, sequential", ['model.preset="lstm_a"', 'model.mode="window"'])):
+        if not a.low_rate:
+            break
+        rig = Rig(overrides)
+        try:
+            got = low_rate_cycle(rig, quotes(a.low_rate))
+        finally:
+            rig.close()
+        for phase, v in got.items():
+            v = v[len(v) // 10:]  # the first tenth warms up
+            rows.append((f"one event per cycle, {name}, {phase} (p50; p90 {np.percentile(v, 90) / 1e3:,.1f} µs)",
+                         statistics.median(v) if v else float("nan"), "ns"))
     print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
     if a.json:
         write_json(a.json, {"n": a.n, "baseline": a.baseline,

@@ -484,7 +484,7 @@ elif [ "$phase" = wave10b ]; then
     step base_g10k_$k 60 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 10000 --duration 3 --warmup 1 \
          --with-floor --quiet --json "$WORK/base_g10k_$k.json" --run-dir "$WORK/runs/base_g10k_$k"
   done
-  step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 20000 --reps 3 --json "$WORK/hotpath.json"
+  step hotpath 110 taskset -c 3 $PY tools/bench_hotpath.py --n 20000 --reps 3 --json "$WORK/hotpath.json"
   summarize
   verbatim gpu_tests new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2 hotpath
 elif [ "$phase" = smoke ]; then
