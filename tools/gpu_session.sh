@@ -18,6 +18,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave9  # landing check: GPU + reference tests, hotpath beside the baseline, default goodput
 #   BASE_TGZ=F tools/gpu_session.sh wave10 # low-rate latency: lstm_a at 10k (graph/zmq, persistent/iceoryx2) beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave10b # landing check: GPU tests, lstm_a at 10k beside the baseline, hot path
+#   tools/gpu_session.sh wave10c           # one event per loop cycle on three cores (bench_hotpath --low-rate)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -487,6 +488,13 @@ elif [ "$phase" = wave10b ]; then
   step hotpath 110 taskset -c 3 $PY tools/bench_hotpath.py --n 20000 --reps 3 --json "$WORK/hotpath.json"
   summarize
   verbatim gpu_tests new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2 hotpath
+elif [ "$phase" = wave10c ]; then
+  # one event per loop cycle on three cores (the main thread, libzmq's I/O thread and the CUDA driver's
+  # threads not sharing one, as they do under the hot path's usual `taskset -c 3`), the GPU engines
+  step hotpath_lowrate 150 taskset -c 2-4 $PY tools/bench_hotpath.py --n 2000 --reps 1 --low-rate 3000 \
+       --json "$WORK/hotpath_lowrate.json"
+  summarize
+  verbatim hotpath_lowrate
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
