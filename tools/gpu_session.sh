@@ -19,6 +19,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave10 # low-rate latency: lstm_a at 10k (graph/zmq, persistent/iceoryx2) beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave10b # landing check: GPU tests, lstm_a at 10k beside the baseline, hot path
 #   tools/gpu_session.sh wave10c           # one event per loop cycle on three cores (bench_hotpath --low-rate)
+#   BASE_TGZ=F tools/gpu_session.sh wave10d # lstm_a persistent over iceoryx2 at 100k, beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -495,6 +496,19 @@ elif [ "$phase" = wave10c ]; then
        --json "$WORK/hotpath_lowrate.json"
   summarize
   verbatim hotpath_lowrate
+elif [ "$phase" = wave10d ]; then
+  # lstm_a on the persistent engine over iceoryx2 at 100k events/s, this tree and BASE_TGZ's alternated, as
+  # wave 6 ran it (2 s, 64 instruments): bistable near the engine's capacity, or a regression?
+  setup_base
+  for k in 1 2; do
+    bench new_p100k_$k 50 -c configs/gpu.toml --rate 100000 --duration 2 --warmup 0.5 --transport iceoryx2 \
+          --set 'runner.engine="persistent"'
+    step base_p100k_$k 50 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 100000 --duration 2 \
+         --warmup 0.5 --transport iceoryx2 --set 'runner.engine="persistent"' --quiet --json "$WORK/base_p100k_$k.json" \
+         --run-dir "$WORK/runs/base_p100k_$k"
+  done
+  summarize
+  verbatim new_p100k_1 base_p100k_1 new_p100k_2 base_p100k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
