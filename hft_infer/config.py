@@ -267,7 +267,7 @@ class MetricsConfig(_Section):
     stats_interval_ms: PosInt = 1000
     """Housekeeping period: fold raw samples into HDR histograms, ship them, refresh clocks."""
     sample_capacity: Annotated[int, Meta(ge=1024)] = 65536
-    """Raw samples buffered per stage between folds (folded early when full)."""
+    """Raw samples buffered per stage between folds: the idle loop folds one stage once it holds 1,024, a busy loop a chunk per iteration once one is half full, and every interval folds the rest."""
     highest_trackable_us: PosInt = 60_000_000
     """Largest latency the histograms resolve (larger values are clamped to it)."""
     significant_digits: Annotated[int, Meta(ge=1, le=5)] = 3
