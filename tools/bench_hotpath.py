@@ -256,6 +256,7 @@ def low_rate_cycle(rig: Rig, frames, idle_us: float = 100.0) -> dict[str, list[i
     pc = time.perf_counter_ns
     out: dict[str, list[int]] = {k: [] for k in ("ingest", "submit", "device", "complete", "flush", "loop")}
     idle_ns = int(idle_us * 1000)
+
     def idle_iteration(t0: int) -> int:
         n = step.ingest()
         if not n:
