@@ -30,6 +30,7 @@ Decision (per slot, with memory for hysteresis):
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -71,12 +72,25 @@ def _mask(width: int, device: str):
 # split; 64 rows 80 -> 50 µs and 2,048 rows 1,072 -> 446 µs split).
 SPLIT_MIN = 512
 
+# numpy arrays of at most this many elements take the scalar evaluation (below): one or two rows,
+# the size the CPU engine transforms per step at batch 1. The whole-row form is ~18 numpy calls
+# whatever the size (~19-21 µs for 1-4 rows on the dev VM); the scalar one costs ~7 µs a row of 42.
+SCALAR_MAX = 96
+
 
 def preprocess(raw):
     """Raw rows (..., F) -> features (..., F), in raw's dtype. Pure and batched."""
     xp = _namespace(raw)
-    if xp is np and raw.size >= SPLIT_MIN:
-        return _preprocess_split(raw)
+    if xp is np:
+        if raw.size <= SCALAR_MAX:
+            return _preprocess_scalar(raw)
+        if raw.size >= SPLIT_MIN:
+            return _preprocess_split(raw)
+    return _preprocess_rows(raw, xp)
+
+
+def _preprocess_rows(raw, xp):
+    """The whole-row form: both formulas on every column, the price positions' kept."""
     prices = _prices(raw, raw, xp)
     sizes = xp.log1p(xp.abs(raw)) * xp.sign(raw)
     return xp.where(price_positions(raw.shape[-1], raw), prices, sizes)
@@ -84,7 +98,7 @@ def preprocess(raw):
 
 def _prices(px, raw, xp):
     """The price formula on `px` (columns of `raw`'s rows): basis points from the row's level-0
-    mid, 0 where the price or the mid is not positive. Both forms of `preprocess` use it."""
+    mid, 0 where the price or the mid is not positive. The whole-row and split forms use it."""
     mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
     mid_ok = mid > 0
     safe = xp.where(mid_ok, mid, xp.ones_like(mid))
@@ -113,6 +127,36 @@ def _preprocess_split(raw: np.ndarray) -> np.ndarray:
     return out
 
 
+def _preprocess_scalar(raw: np.ndarray, _log1p=math.log1p, _copysign=math.copysign) -> np.ndarray:
+    """`preprocess` of a small numpy array (a row or two) on Python floats: the array form is ~18
+    numpy calls of ~1 µs each whatever the size, this one ~0.15 µs per element. The mid is
+    computed in raw's dtype (numpy scalars), as the array forms do; each feature is then computed
+    in double and rounded once to raw's dtype, where the float32 array forms round after every
+    operation: prices within 2 ulp of the whole-row form (the price difference is exact in double;
+    float32 rounds the division and the scaling each), sizes within 1 ulp (a correctly rounded
+    log1p against libm's log1pf), NaN, inf and signs alike (tests/unit/test_reference_split.py).
+    For float64 rows every operation is the array form's own (IEEE double): bit for bit.
+    (The math functions are bound as defaults: a local lookup, ~1 µs less a row than math.x.)"""
+    rows = raw.reshape(-1, raw.shape[-1])
+    half = raw.dtype.type(0.5)
+    out: list[float] = []
+    push = out.append
+    for row, bid, ask in zip(rows.tolist(), rows[:, 0], rows[:, 2]):
+        mid = float((bid + ask) * half)
+        pairs = iter(row)  # (price, size) pairs: F = 4L + 2 is even
+        if mid > 0:
+            for px in pairs:
+                size = next(pairs)
+                push((px - mid) / mid * BPS if px > 0 else 0.0)
+                push(_copysign(_log1p(abs(size)), size) if size else 0.0)  # sign(-0.0) * 0 is +0.0
+        else:
+            for _ in pairs:
+                size = next(pairs)
+                push(0.0)
+                push(_copysign(_log1p(abs(size)), size) if size else 0.0)
+    return np.array(out, dtype=raw.dtype).reshape(raw.shape)
+
+
 def normalise(features, mean, inv_std):
     return (features - mean) * inv_std
 
@@ -122,14 +166,55 @@ def features(raw, mean, inv_std):
     return normalise(preprocess(raw), mean, inv_std)
 
 
+# numpy scores and decisions of at most this many rows take the scalar form (Python floats): the
+# array forms are ~7 and ~10 numpy calls (~6 and ~8 µs on the dev VM) whatever the size, the
+# scalar ones ~1.5 µs plus ~0.3 µs a row.
+SCALAR_ROWS = 8
+
+
 def scores(logits):
     """logits (..., 3) -> score (...) = softmax[UP] - softmax[DOWN] (max-shifted, no overflow)."""
     xp = _namespace(logits)
     if xp is np:
+        if logits.size <= 3 * SCALAR_ROWS:
+            return _scores_scalar(logits)
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
         return (e[..., UP] - e[..., DOWN]) / e.sum(axis=-1)
     e = (logits - logits.amax(dim=-1, keepdim=True)).exp()
     return (e[..., UP] - e[..., DOWN]) / e.sum(dim=-1)
+
+
+def _scores_scalar(logits: np.ndarray) -> np.ndarray:
+    """`scores` of a few numpy rows on Python floats, rounded once to the logits' dtype (the
+    float32 array form rounds after each operation: within 2e-7 absolute of it, tested)."""
+    out = []
+    for row in logits.reshape(-1, 3).tolist():
+        top = max(row)
+        down, flat, up = math.exp(row[DOWN] - top), math.exp(row[FLAT] - top), math.exp(row[UP] - top)
+        out.append((up - down) / (down + flat + up))
+    return np.array(out, dtype=logits.dtype).reshape(logits.shape[:-1])
+
+
+def decide_one(score: float, held: int, thr: float, stay: float) -> int:
+    """The rule for one score (a Python float) given the held position: `thr` and `stay` are
+    the threshold and threshold - hysteresis in the score's dtype (`thresholds_in`). The array
+    forms of `decide` are tested against it."""
+    if score > thr:
+        return 1
+    if score < -thr:
+        return -1
+    if held == 1 and score >= stay:
+        return 1
+    if held == -1 and score <= -stay:
+        return -1
+    return 0
+
+
+def thresholds_in(dtype, threshold: float, hysteresis: float) -> tuple[float, float]:
+    """(threshold, threshold - hysteresis) rounded to a numpy float dtype, as Python floats:
+    comparing a score of that dtype with them (exactly, in double) is comparing in its dtype."""
+    dt = np.dtype(dtype).type
+    return float(dt(threshold)), float(dt(threshold - hysteresis))
 
 
 def decide(score, held, threshold, hysteresis):
@@ -139,6 +224,10 @@ def decide(score, held, threshold, hysteresis):
     score's dtype (a float32 score is compared with float32(threshold))."""
     xp = _namespace(score)
     if xp is np:
+        if score.size <= SCALAR_ROWS and isinstance(held, np.ndarray) and held.shape == score.shape:
+            thr, stay = thresholds_in(score.dtype, float(threshold), float(hysteresis))
+            act = [decide_one(s, h, thr, stay) for s, h in zip(score.reshape(-1).tolist(), held.reshape(-1).tolist())]
+            return np.array(act, dtype=np.int8).reshape(score.shape)
         dt = score.dtype.type
         thr, stay = dt(threshold), dt(threshold - hysteresis)
     else:

@@ -6,10 +6,11 @@
     taskset -c 1 python tools/bench_models_cpu.py --profile            # where a numpy step's time goes
 
 Per preset and batch size, every variant of the step (gather rows from the ring -> row
-transform -> model -> scores): the numpy executors the eager engine runs, the torch
-executors they replace, `torch.compile` of the same step (mlp window and lstm stream; its
-steady state, one new row per trigger), and for LSTM window mode the nn.LSTM recompute
-(oneDNN's fused cell). Variants run interleaved in rounds (a burst of steps each, round
+transform -> model -> scores): the numpy executors the eager engine runs, the eager engine's
+whole step around one (staging, bucket padding, the decision policy: what the service's CPU
+engine runs), the torch executors they replace, `torch.compile` of the same step (mlp window
+and lstm stream; its steady state, one new row per trigger), and for LSTM window mode the
+nn.LSTM recompute (oneDNN's fused cell). Variants run interleaved in rounds (a burst of steps each, round
 after round), so a slow spell of the shared machine hits them all alike; the table gives
 median / p99 in µs, the ratio to the numpy executor's median, the spread of the per-round
 medians (noise) and the transient memory a step allocates (tracemalloc peak above the
@@ -40,9 +41,10 @@ from benchlib import cpu_model
 from hft_infer.kernels import reference
 from hft_infer.models import PRESETS, build_model, dataset as ds
 from hft_infer.models.build import build_executor
+from hft_infer.models.decision import DecisionPolicy
 from hft_infer.models.numpy_lstm import lstm_cell
 from hft_infer.replay.synthetic import SyntheticConfig, generate
-from hft_infer.runner.eager import limit_cpu_threads
+from hft_infer.runner.eager import EagerEngine, limit_cpu_threads
 
 
 def cpu_name() -> str:
@@ -184,6 +186,26 @@ def calibration() -> Variant:
     return Variant("calibration: np.add [1, 42]", _Add(), 1, 0)
 
 
+class EagerStep:
+    """The CPU engine's step as the service runs it: the batch staged into the engine's buffers,
+    `submit` (bucket padding, the numpy executor, the decision policy), `collect`."""
+
+    def __init__(self, executor, max_batch: int) -> None:
+        sink = executor.n_slots - 1
+        policy = DecisionPolicy(0.2, 0.05, n_slots=executor.n_slots, max_batch=max_batch)
+        buckets = sorted({min(2 ** k, max_batch) for k in range(max_batch.bit_length() + 1)})
+        self.engine = EagerEngine(executor, policy, buckets, sink, reason="bench_models_cpu")
+
+    def step(self, slots, positions, out) -> None:
+        n = slots.shape[0]
+        staged_slots, staged_positions = self.engine.request()
+        staged_slots[:n] = slots
+        staged_positions[:n] = positions
+        self.engine.submit(n)
+        scores, _ = self.engine.collect()
+        out[:] = scores
+
+
 def variants_for(name: str, model, ring: np.ndarray, batch: int, max_batch: int, compile_: bool) -> list[Variant]:
     spec = model.spec
     start = spec.window  # every window full
@@ -193,11 +215,15 @@ def variants_for(name: str, model, ring: np.ndarray, batch: int, max_batch: int,
     out: list[Variant] = []
     if spec.kind == "mlp":
         out.append(Variant("mlp window: numpy", ex("window", "recompute", "numpy"), batch, start))
+        out.append(Variant("mlp window: numpy, the eager engine's step (+ policy)",
+                           EagerStep(ex("window", "recompute", "numpy"), max_batch), batch, start))
         out.append(Variant("mlp window: torch (cached)", ex("window", "recompute", "torch"), batch, start, True))
         if compile_:
             out.append(Variant("mlp window: torch.compile", CompiledMlpStep(model, ring, batch), batch, start))
         return out
     out.append(Variant("lstm stream: numpy", ex("stream", "incremental", "numpy"), batch, start))
+    out.append(Variant("lstm stream: numpy, the eager engine's step (+ policy)",
+                       EagerStep(ex("stream", "incremental", "numpy"), max_batch), batch, start))
     out.append(Variant("lstm stream: torch", ex("stream", "incremental", "torch"), batch, start, True))
     if compile_:
         out.append(Variant("lstm stream: torch.compile", CompiledStreamStep(model, ring, batch), batch, start))
@@ -244,7 +270,7 @@ def bench(args) -> None:
             slow = any("recompute" in v.name for v in vs) or name == "lstm_c"
             burst = max(3, args.burst // (8 if slow and batch > 1 else 1))
             interleave(vs + [cal], args.rounds, burst)
-            base = {v.name.split(":")[0]: float(np.median(v.times)) for v in vs if v.name.endswith("numpy")}
+            base = {v.name.split(":")[0]: float(np.median(v.times)) for v in vs if v.name.endswith(": numpy")}
             for v in vs + [cal]:
                 med = float(np.median(v.times))
                 p99 = float(np.percentile(v.times, 99))
@@ -285,7 +311,17 @@ def _profile_one(args, name: str, mode: str, batch: int) -> None:
     mean, inv = ex._mean, ex._inv_std
     pieces = {"whole step": ex}
     pieces["row transform: reference.features"] = _timer(lambda: reference.features(raw, mean, inv))
-    if mode == "window":
+    # Batch 1 runs matrix x vector products (np.dot, BLAS gemv) on its own views; larger batches
+    # matrix products (np.matmul): each piece below is timed as the step calls it.
+    if mode == "window" and n == 1:
+        h = ex.feat[0, : ex.window].reshape(-1)
+        for k, (wt, hb, hb_out) in enumerate(ex._one):
+            pieces[f"layer {k + 1} product [{wt.shape[0]}, {wt.shape[1]}] x [{h.shape[0]}] (gemv)"] = _timer(
+                lambda h=h, wt=wt, hb_out=hb_out: np.dot(wt, h, out=hb_out))
+            pieces[f"layer {k + 1} relu"] = _timer(lambda hb=hb: np.maximum(hb, 0, out=hb))
+            h = hb
+        pieces["head product"] = _timer(lambda: np.dot(ex._head_t, h, out=ex._logits_one))
+    elif mode == "window":
         window = ex.feat[0, : ex.window].reshape(1, -1)
         x = np.ascontiguousarray(np.broadcast_to(window, (n, window.shape[1])))
         h = x
@@ -294,19 +330,19 @@ def _profile_one(args, name: str, mode: str, batch: int) -> None:
                 lambda h=h, wt=wt, buf=buf: np.matmul(h, wt, out=buf[:n, :-1]))
             pieces[f"layer {k + 1} relu"] = _timer(lambda buf=buf: np.maximum(buf[:n], 0, out=buf[:n]))
             h = buf[:n]
-        head_in = h
+        pieces["head product"] = _timer(lambda: np.matmul(h, ex._head, out=ex._logits[:n]))
     else:
-        plan = ex._plan(n)
+        one = n == 1
+        plan = ex._plan_one() if one else ex._plan(n)
+        gates = plan.gates_vec if one else plan.gates[0]
+        product = np.dot if one else np.matmul
         for k, (wt, (inp, c, hh)) in enumerate(zip(ex._weights, plan.layers)):
-            pieces[f"layer {k + 1} product [{wt.shape[0]}, {wt.shape[1]}] x [{inp.shape[0]}, {n}]"] = _timer(
-                lambda inp=inp, wt=wt: np.matmul(wt, inp, out=plan.gates[0]))
+            pieces[f"layer {k + 1} product [{wt.shape[0]}, {wt.shape[1]}] x [{inp.shape[0]}, {n}]"
+                   f"{' (gemv)' if one else ''}"] = _timer(
+                lambda inp=inp, wt=wt: product(wt, inp, out=gates))
             pieces[f"layer {k + 1} cell (8 elementwise calls)"] = _timer(
                 lambda c=c, hh=hh: lstm_cell(plan.gates, c, hh))
-        head_in = plan.head_in
-    if mode == "window":
-        pieces["head product"] = _timer(lambda: np.matmul(head_in, ex._head, out=ex._logits[:n]))
-    else:
-        pieces["head product"] = _timer(lambda: np.matmul(ex._head, head_in, out=plan.logits))
+        pieces["head product"] = _timer(lambda: product(ex._head, plan.head_in, out=plan.logits))
     logits = np.random.default_rng(0).standard_normal((n, 3)).astype(np.float32)
     pieces["score: reference.scores"] = _timer(lambda: reference.scores(logits))
     one, w1 = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)

@@ -57,11 +57,11 @@ def test_a_fresh_opposite_signal_flips():
 @pytest.mark.parametrize(("threshold", "hysteresis"), [(0.2, 0.0), (0.2, 0.1), (0.05, 0.3), (0.0, 0.0), (1.0, 1.0)])
 def test_random_batches_match_reference(threshold, hysteresis):
     rng = np.random.default_rng(int(threshold * 100 + hysteresis * 10))
-    n_slots = 9
+    n_slots = 24
     p = DecisionPolicy(threshold, hysteresis, n_slots=n_slots, max_batch=4)  # batches grow past max_batch
     held = [0] * n_slots
     for _ in range(400):
-        k = int(rng.integers(1, 8))
+        k = int(rng.integers(1, 21))  # 1: the policy's scalar path; up to SCALAR_ROWS: decide's; above: arrays
         slots = rng.choice(n_slots, size=k, replace=False)
         scores = np.round(rng.uniform(-1, 1, size=k), 2)  # coarse: lands exactly on thresholds sometimes
         out = torch.empty(k, dtype=torch.int8)
@@ -104,3 +104,22 @@ def test_numpy_apply_equals_torch_apply_and_shares_the_held_state():
         b.apply_numpy(slots, scores, out_n)
         assert out_t.tolist() == out_n.tolist()
         assert torch.equal(a.held, b.held)
+
+
+def test_a_retuned_threshold_applies_to_the_next_step_at_every_batch_size():
+    # the policy keeps the thresholds rounded to the scores' dtype: setting one must drop them
+    for k in (1, 3, 20):  # the scalar path, decide's scalar form, the array form
+        p = DecisionPolicy(0.5, 0.0, n_slots=k, max_batch=k)
+        scores = np.full(k, 0.3, np.float32)
+        out = np.empty(k, np.int8)
+        p.apply_numpy(np.arange(k), scores, out)
+        assert out.tolist() == [0] * k
+        p.threshold = 0.25
+        p.apply_numpy(np.arange(k), scores, out)
+        assert out.tolist() == [1] * k
+        p.hysteresis = 0.2  # held long while score >= 0.05
+        p.apply_numpy(np.arange(k), np.full(k, 0.1, np.float32), out)
+        assert out.tolist() == [1] * k, k
+        p.hysteresis = 0.0
+        p.apply_numpy(np.arange(k), np.full(k, 0.1, np.float32), out)
+        assert out.tolist() == [0] * k, k
