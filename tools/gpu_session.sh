@@ -20,6 +20,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave10b # landing check: GPU tests, lstm_a at 10k beside the baseline, hot path
 #   tools/gpu_session.sh wave10c           # one event per loop cycle on three cores (bench_hotpath --low-rate)
 #   BASE_TGZ=F tools/gpu_session.sh wave10d # lstm_a persistent over iceoryx2 at 100k, beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave11 # landing check: GPU + reference tests; the CPU engine's step and e2e beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -509,6 +510,24 @@ elif [ "$phase" = wave10d ]; then
   done
   summarize
   verbatim new_p100k_1 base_p100k_1 new_p100k_2 base_p100k_2
+elif [ "$phase" = wave11 ]; then
+  # the landing check of wave 11 (the CPU engine at batch 1: scalar forms in kernels/reference.py, gemv):
+  # the GPU tests that compare the kernels and engines with the reference and the CPU engine; then the
+  # CPU engine on this host's cores, this tree and BASE_TGZ's alternated: bench_models_cpu (one core),
+  # and the default model end to end on the eager engine at 10k events/s with the floor
+  setup_base
+  step gpu_tests 260 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_step.py tests/kernels/test_kernel_persistent.py tests/unit/test_reference_split.py \
+       tests/unit/test_reference_shared.py tests/unit/test_models_decision.py
+  step new_models_cpu 80 taskset -c 3 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a --batches 1 8 64 \
+       --no-compile --rounds 6
+  step base_models_cpu 80 env PYTHONPATH="$PWD/tools" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
+       --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
+  bench new_eager10k 45 --rate 10000 --duration 3 --warmup 1 --with-floor --set 'runner.engine="eager"'
+  step base_eager10k 45 "$base/py" -m hft_infer bench --rate 10000 --duration 3 --warmup 1 --with-floor \
+       --set 'runner.engine="eager"' --quiet --json "$WORK/base_eager10k.json" --run-dir "$WORK/runs/base_eager10k"
+  summarize
+  verbatim gpu_tests new_models_cpu base_models_cpu new_eager10k base_eager10k
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

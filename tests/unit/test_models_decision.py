@@ -11,17 +11,13 @@ from hft_infer.models.decision import DecisionPolicy
 
 def reference(threshold: float, hysteresis: float, held: int, score: np.float32) -> int:
     """The documented rule, one slot at a time, compared in the scores' dtype (float32), as
-    torch compares a float32 tensor with a Python float."""
+    torch compares a float32 tensor with a Python float: a fresh signal past a threshold wins,
+    else a held position stays inside threshold - hysteresis. (Written apart from
+    reference.decide_one on purpose: the oracle of every form, the scalar one included.)"""
     thr, stay = np.float32(threshold), np.float32(threshold - hysteresis)
-    if score > thr:
-        return 1
-    if score < -thr:
-        return -1
-    if held == 1 and score >= stay:
-        return 1
-    if held == -1 and score <= -stay:
-        return -1
-    return 0
+    fresh = 1 if score > thr else -1 if score < -thr else 0
+    kept = held if (held == 1 and score >= stay) or (held == -1 and score <= -stay) else 0
+    return fresh or kept
 
 
 def test_thresholds_without_hysteresis():
