@@ -21,6 +21,7 @@
 #   tools/gpu_session.sh wave10c           # one event per loop cycle on three cores (bench_hotpath --low-rate)
 #   BASE_TGZ=F tools/gpu_session.sh wave10d # lstm_a persistent over iceoryx2 at 100k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11 # landing check: GPU + reference tests; the CPU engine's step and e2e beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave11b # the CPU engine's step and e2e beside the baseline again, alternated, on a quiet host
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -521,13 +522,30 @@ elif [ "$phase" = wave11 ]; then
        tests/unit/test_reference_shared.py tests/unit/test_models_decision.py
   step new_models_cpu 80 taskset -c 3 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a --batches 1 8 64 \
        --no-compile --rounds 6
-  step base_models_cpu 80 env PYTHONPATH="$PWD/tools" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
+  step base_models_cpu 80 env PYTHONPATH="$PWD/tools:${PYTHONPATH:-}" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
        --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
   bench new_eager10k 45 --rate 10000 --duration 3 --warmup 1 --with-floor --set 'runner.engine="eager"'
   step base_eager10k 45 "$base/py" -m hft_infer bench --rate 10000 --duration 3 --warmup 1 --with-floor \
        --set 'runner.engine="eager"' --quiet --json "$WORK/base_eager10k.json" --run-dir "$WORK/runs/base_eager10k"
   summarize
   verbatim gpu_tests new_models_cpu base_models_cpu new_eager10k base_eager10k
+elif [ "$phase" = wave11b ]; then
+  # wave11's comparisons again on a settled host (wave11's first e2e ran while the GPU tests' compile
+  # workers were still winding down: load average 31): the step on one core, then two alternated pairs
+  # of the eager engine at 10k events/s, the baseline first
+  setup_base
+  sleep 20
+  step base_models_cpu 80 env PYTHONPATH="$PWD/tools:${PYTHONPATH:-}" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
+       --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
+  step new_models_cpu 80 taskset -c 3 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a --batches 1 8 64 \
+       --no-compile --rounds 6
+  for k in 1 2; do
+    step base_eager10k_$k 45 "$base/py" -m hft_infer bench --rate 10000 --duration 3 --warmup 1 --with-floor \
+         --set 'runner.engine="eager"' --quiet --json "$WORK/base_eager10k_$k.json" --run-dir "$WORK/runs/base_eager10k_$k"
+    bench new_eager10k_$k 45 --rate 10000 --duration 3 --warmup 1 --with-floor --set 'runner.engine="eager"'
+  done
+  summarize
+  verbatim base_models_cpu new_models_cpu base_eager10k_1 new_eager10k_1 base_eager10k_2 new_eager10k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
