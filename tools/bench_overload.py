@@ -19,7 +19,8 @@ the service's own accounting beside the harness's:
    rejected). The table says met or missed for each.
 
 --baseline-python PY runs every point a second time with another interpreter (e.g. the venv
-of a checkout of the previous commit: `hft-infer` as installed there), the two alternating
+of a checkout of the previous commit: `hft-infer` as installed there, or the wrapper that
+`tools/baseline_tree.sh REV DIR` writes, DIR/py: REV's package laid out as installed), the two alternating
 point by point so that a busy machine hits both alike; each is judged against its own
 capacity and both are printed.
 

@@ -115,11 +115,7 @@ tee -a "$OUT/session.log" < "$WORK/provenance.txt"
 
 setup_base() {  # $base/py: python running the tree of BASE_TGZ (`git archive BASE hft_infer transport kernels replay configs | gzip`)
   base=$(mktemp -d /tmp/hft-base-XXXXXX)
-  mkdir -p "$base/pkg" && tar xzf "${BASE_TGZ:?BASE_TGZ: a git archive of the baseline tree}" -C "$base/pkg"
-  for d in transport kernels replay configs; do mv "$base/pkg/$d" "$base/pkg/hft_infer/$d"; done
-  printf '#!/bin/sh\nPYTHONSAFEPATH=1 PYTHONPATH=%s/pkg${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
-    "$base" "$(command -v "$PY")" > "$base/py"
-  chmod +x "$base/py"
+  bash tools/baseline_tree.sh "${BASE_TGZ:?BASE_TGZ: a git archive of the baseline tree}" "$base" "$PY" >/dev/null
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...: hft-infer bench with its JSON and run dir in $WORK
