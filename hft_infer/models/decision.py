@@ -15,7 +15,25 @@ import torch
 from hft_infer.kernels.reference import decide, decide_one, thresholds_in
 
 
+class _Setting:
+    """A float setting of the policy: settable (tests and tools retune a built policy), and each
+    set drops the thresholds the policy keeps rounded to the scores' dtype."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, policy, owner=None):
+        return self if policy is None else getattr(policy, self.attr)
+
+    def __set__(self, policy, value: float) -> None:
+        setattr(policy, self.attr, float(value))
+        policy._thresholds.clear()
+
+
 class DecisionPolicy:
+    threshold = _Setting()
+    hysteresis = _Setting()
+
     def __init__(self, threshold: float, hysteresis: float = 0.0, n_slots: int = 1, max_batch: int = 64) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
@@ -24,29 +42,10 @@ class DecisionPolicy:
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
         self._thresholds: dict[np.dtype, tuple[float, float]] = {}  # per score dtype (thresholds_in)
-        self._threshold = float(threshold)
-        self._hysteresis = float(hysteresis)
+        self.threshold = threshold
+        self.hysteresis = hysteresis
         self.n_slots = n_slots
         self._held_np = np.zeros(n_slots, dtype=np.int8)
-
-    # Settable (tests and tools retune a built policy); each set drops the rounded copies.
-    @property
-    def threshold(self) -> float:
-        return self._threshold
-
-    @threshold.setter
-    def threshold(self, value: float) -> None:
-        self._threshold = float(value)
-        self._thresholds.clear()
-
-    @property
-    def hysteresis(self) -> float:
-        return self._hysteresis
-
-    @hysteresis.setter
-    def hysteresis(self, value: float) -> None:
-        self._hysteresis = float(value)
-        self._thresholds.clear()
 
     def reset(self) -> None:
         self._held_np[:] = 0
