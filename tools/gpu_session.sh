@@ -22,6 +22,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave10d # lstm_a persistent over iceoryx2 at 100k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11 # landing check: GPU + reference tests; the CPU engine's step and e2e beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11b # the CPU engine's step and e2e beside the baseline again, alternated, on a quiet host
+#   BASE_TGZ=F tools/gpu_session.sh wave11c # the default model on the eager engine pinned and busy-polling, 2k and 10k, beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -542,6 +543,22 @@ elif [ "$phase" = wave11b ]; then
   done
   summarize
   verbatim base_models_cpu new_models_cpu base_eager10k_1 new_eager10k_1 base_eager10k_2 new_eager10k_2
+elif [ "$phase" = wave11c ]; then
+  # the default model on the eager engine as a latency-minded CPU deployment runs it (pinned by
+  # cpu.cores = "auto", busy polling; wave11b ran the default config: unpinned, event polling), this
+  # tree and BASE_TGZ's alternated: at 2k events/s, where an event seldom waits for the one before, and 10k
+  setup_base
+  pin=(--set 'runner.engine="eager"' --set 'cpu.cores="auto"' --set 'ingest.poll_mode="busy"')
+  for rate in 2000 10000; do
+    for k in 1 2; do
+      [ "$rate" = 10000 ] && [ "$k" = 2 ] && break
+      step base_pin${rate}_$k 45 "$base/py" -m hft_infer bench --rate $rate --duration 3 --warmup 1 --with-floor \
+           "${pin[@]}" --quiet --json "$WORK/base_pin${rate}_$k.json" --run-dir "$WORK/runs/base_pin${rate}_$k"
+      bench new_pin${rate}_$k 45 --rate $rate --duration 3 --warmup 1 --with-floor "${pin[@]}"
+    done
+  done
+  summarize
+  verbatim base_pin2000_1 new_pin2000_1 base_pin2000_2 new_pin2000_2 base_pin10000_1 new_pin10000_1
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
