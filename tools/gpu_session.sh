@@ -23,6 +23,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave11 # landing check: GPU + reference tests; the CPU engine's step and e2e beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11b # the CPU engine's step and e2e beside the baseline again, alternated, on a quiet host
 #   BASE_TGZ=F tools/gpu_session.sh wave11c # the default model on the eager engine pinned and busy-polling, 2k and 10k, beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave11d # the same at 10k (two more pairs) and 20k (one), alternated
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -559,6 +560,18 @@ elif [ "$phase" = wave11c ]; then
   done
   summarize
   verbatim base_pin2000_1 new_pin2000_1 base_pin2000_2 new_pin2000_2 base_pin10000_1 new_pin10000_1
+elif [ "$phase" = wave11d ]; then
+  # wave11c's 10k pair again, twice, and one pair at 20k events/s (this tree and BASE_TGZ's alternated)
+  setup_base
+  pin=(--set 'runner.engine="eager"' --set 'cpu.cores="auto"' --set 'ingest.poll_mode="busy"')
+  for run in 10000_2 10000_3 20000_1; do
+    rate=${run%_*}
+    step base_pin$run 45 "$base/py" -m hft_infer bench --rate $rate --duration 3 --warmup 1 --with-floor \
+         "${pin[@]}" --quiet --json "$WORK/base_pin$run.json" --run-dir "$WORK/runs/base_pin$run"
+    bench new_pin$run 45 --rate $rate --duration 3 --warmup 1 --with-floor "${pin[@]}"
+  done
+  summarize
+  verbatim base_pin10000_2 new_pin10000_2 base_pin10000_3 new_pin10000_3 base_pin20000_1 new_pin20000_1
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
