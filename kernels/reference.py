@@ -74,7 +74,7 @@ SPLIT_MIN = 512
 
 # numpy arrays of at most this many elements take the scalar evaluation (below): one or two rows,
 # the size the CPU engine transforms per step at batch 1. The whole-row form is ~18 numpy calls
-# whatever the size (~19-21 µs for 1-4 rows on the dev VM); the scalar one costs ~7 µs a row of 42.
+# whatever the size (~19-21 µs for 1-4 rows on the dev VM); the scalar one costs ~7-9 µs a row of 42.
 SCALAR_MAX = 96
 
 
@@ -129,7 +129,7 @@ def _preprocess_split(raw: np.ndarray) -> np.ndarray:
 
 def _preprocess_scalar(raw: np.ndarray, _log1p=math.log1p, _copysign=math.copysign) -> np.ndarray:
     """`preprocess` of a small numpy array (a row or two) on Python floats: the array form is ~18
-    numpy calls of ~1 µs each whatever the size, this one ~0.15 µs per element. The mid is
+    numpy calls of ~1 µs each whatever the size, this one ~0.2 µs per element. The mid is
     computed in raw's dtype (numpy scalars), as the array forms do; each feature is then computed
     in double and rounded once to raw's dtype, where the float32 array forms round after every
     operation: prices within 2 ulp of the whole-row form (the price difference is exact in double;
@@ -144,7 +144,7 @@ def _preprocess_scalar(raw: np.ndarray, _log1p=math.log1p, _copysign=math.copysi
     for row, bid, ask in zip(rows.tolist(), rows[:, 0], rows[:, 2]):
         mid = float((bid + ask) * half)
         pairs = iter(row)  # (price, size) pairs: F = 4L + 2 is even
-        if mid > 0:
+        if mid > 0:  # the mid's test hoisted out of the loop: one branch per row, not per price
             for px in pairs:
                 size = next(pairs)
                 push((px - mid) / mid * BPS if px > 0 else 0.0)
@@ -212,7 +212,9 @@ def decide_one(score: float, held: int, thr: float, stay: float) -> int:
 
 def thresholds_in(dtype, threshold: float, hysteresis: float) -> tuple[float, float]:
     """(threshold, threshold - hysteresis) rounded to a numpy float dtype, as Python floats:
-    comparing a score of that dtype with them (exactly, in double) is comparing in its dtype."""
+    comparing a score of that dtype with them (exactly, in double; or an array of it, which numpy
+    does in its own dtype, into which they convert exactly) is comparing in its dtype. `threshold`
+    and `hysteresis` may be 0-d arrays."""
     dt = np.dtype(dtype).type
     return float(dt(threshold)), float(dt(threshold - hysteresis))
 
@@ -224,12 +226,10 @@ def decide(score, held, threshold, hysteresis):
     score's dtype (a float32 score is compared with float32(threshold))."""
     xp = _namespace(score)
     if xp is np:
+        thr, stay = thresholds_in(score.dtype, threshold, hysteresis)
         if score.size <= SCALAR_ROWS and isinstance(held, np.ndarray) and held.shape == score.shape:
-            thr, stay = thresholds_in(score.dtype, float(threshold), float(hysteresis))
             act = [decide_one(s, h, thr, stay) for s, h in zip(score.reshape(-1).tolist(), held.reshape(-1).tolist())]
             return np.array(act, dtype=np.int8).reshape(score.shape)
-        dt = score.dtype.type
-        thr, stay = dt(threshold), dt(threshold - hysteresis)
     else:
         thr, stay = threshold, threshold - hysteresis
         if not isinstance(thr, float):  # device tensors (the kernels' thresholds): the score's dtype

@@ -333,7 +333,7 @@ def _profile_one(args, name: str, mode: str, batch: int) -> None:
         pieces["head product"] = _timer(lambda: np.matmul(h, ex._head, out=ex._logits[:n]))
     else:
         one = n == 1
-        plan = ex._plan_one() if one else ex._plan(n)
+        plan = ex._one if one else ex._plan(n)
         gates = plan.gates_vec if one else plan.gates[0]
         product = np.dot if one else np.matmul
         for k, (wt, (inp, c, hh)) in enumerate(zip(ex._weights, plan.layers)):

@@ -125,6 +125,34 @@ bench() {  # bench NAME TIMEOUT ARGS...: hft-infer bench with its JSON and run d
   step "$name" "$t" $PY -m hft_infer bench "$@" --quiet --json "$WORK/$name.json" --run-dir "$WORK/runs/$name"
 }
 
+# The CPU engine's comparisons of wave 11 (this tree against BASE_TGZ's: setup_base first).
+EAGER=(--set 'runner.engine="eager"')
+PINNED=("${EAGER[@]}" --set 'cpu.cores="auto"' --set 'ingest.poll_mode="busy"')
+
+models_cpu() {  # models_cpu NAME PYTHON: bench_models_cpu on core 3 (mlp_small, lstm_a; batch 1, 8, 64)
+  step "$1" 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 3 "$2" tools/bench_models_cpu.py \
+       --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
+}
+
+e2e_run() {  # e2e_run base|new NAME RATE ARGS...: bench at RATE events/s (3 s after 1 s of warm-up, with
+  # the floor) by BASE_TGZ's tree or this one
+  local who=$1 name=$2 rate=$3; shift 3
+  local args=(--rate "$rate" --duration 3 --warmup 1 --with-floor "$@")
+  if [ "$who" = base ]; then
+    step "$name" 45 "$base/py" -m hft_infer bench "${args[@]}" --quiet --json "$WORK/$name.json" --run-dir "$WORK/runs/$name"
+  else
+    bench "$name" 45 "${args[@]}"
+  fi
+}
+
+pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-polling, baseline then this tree
+  local run
+  for run in "$@"; do
+    e2e_run base "base_pin$run" "${run%_*}" "${PINNED[@]}"
+    e2e_run new "new_pin$run" "${run%_*}" "${PINNED[@]}"
+  done
+}
+
 verbatim() {  # verbatim NAME...: each step's own table (its log past the provenance) into summary.md
   local name
   for name in "$@"; do
@@ -518,13 +546,10 @@ elif [ "$phase" = wave11 ]; then
   step gpu_tests 260 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_step.py tests/kernels/test_kernel_persistent.py tests/unit/test_reference_split.py \
        tests/unit/test_reference_shared.py tests/unit/test_models_decision.py
-  step new_models_cpu 80 taskset -c 3 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a --batches 1 8 64 \
-       --no-compile --rounds 6
-  step base_models_cpu 80 env PYTHONPATH="$PWD/tools:${PYTHONPATH:-}" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
-       --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
-  bench new_eager10k 45 --rate 10000 --duration 3 --warmup 1 --with-floor --set 'runner.engine="eager"'
-  step base_eager10k 45 "$base/py" -m hft_infer bench --rate 10000 --duration 3 --warmup 1 --with-floor \
-       --set 'runner.engine="eager"' --quiet --json "$WORK/base_eager10k.json" --run-dir "$WORK/runs/base_eager10k"
+  models_cpu new_models_cpu $PY
+  models_cpu base_models_cpu "$base/py"
+  e2e_run new new_eager10k 10000 "${EAGER[@]}"
+  e2e_run base base_eager10k 10000 "${EAGER[@]}"
   summarize
   verbatim gpu_tests new_models_cpu base_models_cpu new_eager10k base_eager10k
 elif [ "$phase" = wave11b ]; then
@@ -533,14 +558,11 @@ elif [ "$phase" = wave11b ]; then
   # of the eager engine at 10k events/s, the baseline first
   setup_base
   sleep 20
-  step base_models_cpu 80 env PYTHONPATH="$PWD/tools:${PYTHONPATH:-}" taskset -c 3 "$base/py" tools/bench_models_cpu.py \
-       --presets mlp_small lstm_a --batches 1 8 64 --no-compile --rounds 6
-  step new_models_cpu 80 taskset -c 3 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a --batches 1 8 64 \
-       --no-compile --rounds 6
+  models_cpu base_models_cpu "$base/py"
+  models_cpu new_models_cpu $PY
   for k in 1 2; do
-    step base_eager10k_$k 45 "$base/py" -m hft_infer bench --rate 10000 --duration 3 --warmup 1 --with-floor \
-         --set 'runner.engine="eager"' --quiet --json "$WORK/base_eager10k_$k.json" --run-dir "$WORK/runs/base_eager10k_$k"
-    bench new_eager10k_$k 45 --rate 10000 --duration 3 --warmup 1 --with-floor --set 'runner.engine="eager"'
+    e2e_run base base_eager10k_$k 10000 "${EAGER[@]}"
+    e2e_run new new_eager10k_$k 10000 "${EAGER[@]}"
   done
   summarize
   verbatim base_models_cpu new_models_cpu base_eager10k_1 new_eager10k_1 base_eager10k_2 new_eager10k_2
@@ -549,27 +571,13 @@ elif [ "$phase" = wave11c ]; then
   # cpu.cores = "auto", busy polling; wave11b ran the default config: unpinned, event polling), this
   # tree and BASE_TGZ's alternated: at 2k events/s, where an event seldom waits for the one before, and 10k
   setup_base
-  pin=(--set 'runner.engine="eager"' --set 'cpu.cores="auto"' --set 'ingest.poll_mode="busy"')
-  for rate in 2000 10000; do
-    for k in 1 2; do
-      [ "$rate" = 10000 ] && [ "$k" = 2 ] && break
-      step base_pin${rate}_$k 45 "$base/py" -m hft_infer bench --rate $rate --duration 3 --warmup 1 --with-floor \
-           "${pin[@]}" --quiet --json "$WORK/base_pin${rate}_$k.json" --run-dir "$WORK/runs/base_pin${rate}_$k"
-      bench new_pin${rate}_$k 45 --rate $rate --duration 3 --warmup 1 --with-floor "${pin[@]}"
-    done
-  done
+  pinned_pairs 2000_1 2000_2 10000_1
   summarize
   verbatim base_pin2000_1 new_pin2000_1 base_pin2000_2 new_pin2000_2 base_pin10000_1 new_pin10000_1
 elif [ "$phase" = wave11d ]; then
   # wave11c's 10k pair again, twice, and one pair at 20k events/s (this tree and BASE_TGZ's alternated)
   setup_base
-  pin=(--set 'runner.engine="eager"' --set 'cpu.cores="auto"' --set 'ingest.poll_mode="busy"')
-  for run in 10000_2 10000_3 20000_1; do
-    rate=${run%_*}
-    step base_pin$run 45 "$base/py" -m hft_infer bench --rate $rate --duration 3 --warmup 1 --with-floor \
-         "${pin[@]}" --quiet --json "$WORK/base_pin$run.json" --run-dir "$WORK/runs/base_pin$run"
-    bench new_pin$run 45 --rate $rate --duration 3 --warmup 1 --with-floor "${pin[@]}"
-  done
+  pinned_pairs 10000_2 10000_3 20000_1
   summarize
   verbatim base_pin10000_2 new_pin10000_2 base_pin10000_3 new_pin10000_3 base_pin20000_1 new_pin20000_1
 elif [ "$phase" = smoke ]; then

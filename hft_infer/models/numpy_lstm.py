@@ -206,7 +206,7 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
     def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
         self.x_width = model.spec.features
         super().__init__(model, ring, max_batch)
-        self._one: _Plan | None = None  # batch 1's plan (_plan_one), made at its first step
+        self._one = self._plan_one()
 
     def _first_layer(self, w_ih, w_hh, bias):  # [x | h_0 | 1]
         return np.concatenate([w_ih, w_hh, bias], axis=1)
@@ -222,6 +222,7 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
         products go to np.dot as matrix x vector (BLAS gemv: ~1.3-1.5 µs less each than matmul's
         [4H, in] x [in, 1] on the dev VM)."""
         plan = self._plan(1)
+        del self._plans[1]  # batch 1's own (step() never looks it up): its views below are 1-D
         plan.layers = [(inp[:, 0], c, h) for inp, c, h in plan.layers]
         plan.gates_vec = plan.gates[0][:, 0]  # the gate buffer as a vector (gemv's output)
         plan.head_in = plan.head_in[:, 0]
@@ -245,8 +246,7 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
     def _step_one(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         """Batch of one: the slot's [D, 1] block is the scratch's memory layout (plain copies in
         and out), the products matrix x vector."""
-        plan = self._one or self._plan_one()
-        self._one = plan
+        plan = self._one
         state = self.state[int(slots[0])]
         np.copyto(plan.cols, state)
         plan.x[:, 0] = self._new_features(slots, positions, 1, plan)[0]
