@@ -27,10 +27,11 @@ import msgspec
 import zmq
 
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, ReusableEncoder, topic_for
-from hft_infer.transport.schema import DECISION_BATCH_COLUMNS, Decision, DecisionBatch, Status
+from hft_infer.transport.schema import DECISION_BATCH_COLUMNS, Decision, DecisionBatch, Outcome, Status
 
 _MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)  # plain ints: enum flags cost an enum per send
 _NOBLOCK = int(zmq.NOBLOCK)
+_SHED = int(Outcome.SHED)
 _U32_MAX = (1 << 32) - 1
 # struct codes of DECISION_BATCH_COLUMNS, in wire order
 _CODES = {"<u4": "I", "<u8": "Q", "u1": "B", "i1": "b", "<f4": "f", "<i8": "q"}
@@ -91,6 +92,22 @@ class Answers:
         self.nconf.append(nconf)
         self.ts_send.append(ts_send)
         self.ts_recv.append(ts_recv)
+
+    def add_shed(self, inst: list[int], seq: list[int], reason: int, nconf: list[int] | None, ts_send: list[int],
+                 ts_recv: list[int]) -> None:
+        """Shed answers of one reason as columns (equal-length lists; nconf None: none conflated).
+        Under overload most answers are sheds: a list extend per column costs ~10x less per
+        answer than `add`."""
+        n = len(inst)
+        self.inst.extend(inst)
+        self.seq.extend(seq)
+        self.status.extend([_SHED] * n)
+        self.reason.extend([reason] * n)
+        self.action.extend([0] * n)
+        self.score.extend([0.0] * n)
+        self.nconf.extend([0] * n if nconf is None else nconf)
+        self.ts_send.extend(ts_send)
+        self.ts_recv.extend(ts_recv)
 
     def columns(self) -> tuple[list, ...]:
         return (self.inst, self.seq, self.status, self.reason, self.action, self.score, self.nconf,

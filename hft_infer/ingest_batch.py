@@ -325,11 +325,12 @@ class EventBatchPaths:
             count[slot] = b + a
             last_seq[slot] = q
         if len(ok) < n:  # QUEUE_FULL: received, not applied; answered in feed order (past capacity: many)
-            shed = self._shed
             out = np.flatnonzero(~in_feed)
-            for slot, q, sd, tr in zip(slots.take(out).tolist(), seq.take(out).tolist(), send.take(out).tolist(),
-                                       t_recv.take(out).tolist()):
-                shed(QUEUE_FULL, slot, q, sd, tr, offset)
+            self.acct.shed_some(QUEUE_FULL, len(out))
+            if self.publish_shed:
+                ids = self.ids
+                self.answers.add_shed([ids[s] for s in slots.take(out).tolist()], seq.take(out).tolist(),
+                                      QUEUE_FULL, None, send.take(out).tolist(), (t_recv.take(out) + offset).tolist())
         return True
 
     def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before) -> None:

@@ -69,17 +69,9 @@ class IngestColdPaths:
         n = len(slots)
         self.acct.shed_some(STALE, n)
         if self.publish_shed:
-            a = self.answers
             ids = self.ids
-            a.inst.extend([ids[s] for s in slots])
-            a.seq.extend([msgs[i].seq for i in idx])
-            a.status.extend([SHED] * n)
-            a.reason.extend([STALE] * n)
-            a.action.extend([0] * n)
-            a.score.extend([0.0] * n)
-            a.nconf.extend(nconf)
-            a.ts_send.extend([msgs[i].ts_send_ns for i in idx])
-            a.ts_recv.extend([recvs[i] + offset for i in idx])
+            self.answers.add_shed([ids[s] for s in slots], [msgs[i].seq for i in idx], STALE, nconf,
+                                  [msgs[i].ts_send_ns for i in idx], [recvs[i] + offset for i in idx])
 
     def _refused(self, refused: list[int]) -> None:
         """Sequential: the events of the chunk that Scheduler.push_many refused (indices into
@@ -89,12 +81,16 @@ class IngestColdPaths:
         first one's position)."""
         events, count, offset = self._p_events, self.store.count, self._offset
         gone = set()
-        for j in refused:
-            slot, pos, seq, _, t_recv, _, ts_send, _ = events[j]
-            self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)
+        shed = [events[j] for j in refused]
+        for slot, pos, *_ in shed:
             gone.add((slot, pos))
             if pos < count[slot]:
                 count[slot] = pos
+        self.acct.shed_some(QUEUE_FULL, len(shed))
+        if self.publish_shed:
+            ids = self.ids
+            self.answers.add_shed([ids[e[0]] for e in shed], [e[2] for e in shed], QUEUE_FULL, None,
+                                  [e[6] for e in shed], [e[4] + offset for e in shed])
         for slots, positions, index in ((self._q_slot, self._q_pos, self._q_i), (self._t_slot, self._t_pos, self._t_i)):
             kept = [w for w in zip(slots, positions, index) if (w[0], w[1]) not in gone]
             slots[:] = [w[0] for w in kept]

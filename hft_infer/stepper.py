@@ -182,11 +182,13 @@ class Stepper:
     def answer_shed(self, rids: list[int], reason: int) -> None:
         sched = self.sched
         self.acct.shed_some(reason, len(rids))
-        if self.publish_shed:
-            offset = self.clock.offset_ns
-            for r in rids:
-                self.egress.answers.add(self.ids[sched.r_slot[r]], sched.r_seq[r], SHED, reason, 0, 0.0,
-                                        sched.r_nconf[r], sched.r_send_epoch_ns[r], sched.r_recv_ns[r] + offset)
+        if self.publish_shed and rids:
+            offset, ids = self.clock.offset_ns, self.ids
+            slots, seqs, nconfs, sends, recvs = (
+                [col[r] for r in rids] for col in (sched.r_slot, sched.r_seq, sched.r_nconf, sched.r_send_epoch_ns,
+                                                   sched.r_recv_ns))
+            self.egress.answers.add_shed([ids[s] for s in slots], seqs, reason, nconfs, sends,
+                                         [r + offset for r in recvs])
         sched.release_many(rids)
 
     def flush(self) -> None:

@@ -24,6 +24,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave11b # the CPU engine's step and e2e beside the baseline again, alternated, on a quiet host
 #   BASE_TGZ=F tools/gpu_session.sh wave11c # the default model on the eager engine pinned and busy-polling, 2k and 10k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11d # the same at 10k (two more pairs) and 20k (one), alternated
+#   BASE_TGZ=F tools/gpu_session.sh wave12 # deadline admission: lstm_a's goodput and overload beside the baseline, GPU engine tests
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -580,6 +581,20 @@ elif [ "$phase" = wave11d ]; then
   pinned_pairs 10000_2 10000_3 20000_1
   summarize
   verbatim base_pin10000_2 new_pin10000_2 base_pin10000_3 new_pin10000_3 base_pin20000_1 new_pin20000_1
+elif [ "$phase" = wave12 ]; then
+  # deadline admission for stateful models (scheduler.admission): lstm_a (sequential) offered past what it
+  # steps, over EventBatch frames (the goodput sweep and 3x/10x, this tree and BASE_TGZ's interleaved by
+  # bench_overload) and over one event per frame at 100k (issue 12's first table), then the GPU engine tests
+  # (the stepper's shed answers changed)
+  setup_base
+  step overload_lstm_a 280 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000,300000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
+       --json "$WORK/overload_lstm_a.json"
+  e2e_run new new_g100k 100000 -c configs/gpu.toml
+  e2e_run base base_g100k 100000 -c "$PWD/configs/gpu.toml"
+  step gpu_tests 130 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  summarize
+  verbatim overload_lstm_a new_g100k base_g100k gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

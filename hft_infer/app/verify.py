@@ -10,6 +10,13 @@ decided event does not, so every decided event is compared. The action is
 recomputed by replaying the decision policy over the decided events of each
 instrument in order (hysteresis depends on the previous decisions).
 
+Events the service received and did not apply are left out of the reference's
+history, as the service left them out of its state: under the sequential
+discipline (stateful models, conflation off) an event shed QUEUE_FULL is
+answered before its row is written and takes no position (scheduler.py,
+admission). verify learns which from their answers, so it needs
+`egress.publish_shed` (the default); conflating models write every row.
+
 A score differs when |live - reference| > tolerance; an action differs only
 when the reference score is further than `tolerance` from a threshold (a
 float32 rounding difference at a threshold may flip the action, which is not
@@ -28,7 +35,8 @@ from hft_infer.models.base import scores_from_logits
 from hft_infer.models.custom import load_configured
 from hft_infer.models.dataset import instrument_order, raw_rows, window_index
 from hft_infer.models.evaluation import window_logits
-from hft_infer.transport.schema import Decision, Outcome
+from hft_infer.runner.select import conflates
+from hft_infer.transport.schema import Decision, Outcome, Reason
 
 DEFAULT_TOLERANCE = 1e-4  # float32 batched vs per-window recompute differ by ~1e-6 on mlp_small (tests)
 
@@ -98,6 +106,16 @@ def reference_scores(model, events: np.ndarray, *, mode: str) -> np.ndarray:
     return out
 
 
+def applied_events(decisions: list[Decision], events: np.ndarray) -> np.ndarray:
+    """The events a sequentially scheduled service applied: all but those answered QUEUE_FULL."""
+    unapplied = {(d.instrument, d.seq) for d in decisions
+                 if d.status == Outcome.SHED and d.reason == Reason.QUEUE_FULL}
+    if not unapplied:
+        return events
+    keep = [(i, s) not in unapplied for i, s in zip(events["instrument"].tolist(), events["seq"].tolist())]
+    return events[np.asarray(keep, dtype=bool)]
+
+
 def policy_actions(scores: list[float], threshold: float, hysteresis: float) -> list[int]:
     """The decision policy (models/decision.py) over one instrument's decided scores, in order."""
     actions, held = [], 0
@@ -125,6 +143,8 @@ def verify(decisions: list[Decision], events: np.ndarray, cfg: Config, *, tolera
                          "verify with the service's config")
     if model.spec.kind != "custom":  # a custom module runs as given (it may fix its own dtypes)
         model = model.double()  # the reference in float64; differences are the service's float32 rounding
+    if not conflates(model, cfg):
+        events = applied_events(decisions, events)
     ref = reference_scores(model, events, mode=cfg.model.mode)
     key = {(int(i), int(s)): k for k, (i, s) in enumerate(zip(events["instrument"].tolist(), events["seq"].tolist()))}
     by_inst: dict[int, list[tuple[int, Decision, int]]] = {}

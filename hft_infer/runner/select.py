@@ -52,6 +52,14 @@ def is_stateful(model, cfg: Config) -> bool:
     return model.spec.kind == "lstm" and (cfg.model.mode == "stream" or cfg.model.window_method == "incremental")
 
 
+def conflates(model, cfg: Config) -> bool:
+    """Whether the service conflates this model's triggers (else it schedules every event in
+    order: the sequential discipline, scheduler.py); `scheduler.conflate = "on"` on a stateful
+    model is refused by build_runtime."""
+    mode = cfg.scheduler.conflate
+    return (not is_stateful(model, cfg)) if mode == "auto" else (mode == "on")
+
+
 def resolve_device(cfg: Config) -> str:
     import torch
 
@@ -76,7 +84,7 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
         raise ConfigError("scheduler.conflate = \"on\" needs a model that reads its window from the ring "
                           "(mlp, or lstm with model.window_method = \"recompute\"); this model keeps "
                           "per-instrument state and must see every row")
-    conflate = (not stateful) if mode == "auto" else (mode == "on")
+    conflate = conflates(model, cfg)
     sequential = not conflate
     window = model.spec.window
     depth, allowance = ring_depth(cfg, window, sequential)

@@ -17,7 +17,7 @@ from hft_infer.replay.capture import read_capture
 from hft_infer.replay.events import encode_frames
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 from hft_infer.transport.codec import SERVICE_TOPIC
-from hft_infer.transport.schema import ALL_INSTRUMENTS, Decision, Reset
+from hft_infer.transport.schema import ALL_INSTRUMENTS, Decision, Reason, Reset
 
 ROOT = Path(__file__).resolve().parents[2]
 LOBSTER = ROOT / "tests" / "fixtures" / "lobster"
@@ -141,6 +141,29 @@ def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_runnin
     assert summary["accounting"]["lost"] == 0 and final.received == 4000
     assert summary["accounting"]["decided"] == 4000, summary["accounting"]
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == 4000
+
+
+def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tmp_path):
+    """Every event due at once (--max) to a stateful model whose instruments queue at most 4
+    events: most are shed QUEUE_FULL at ingest, their rows never applied (scheduler.py,
+    admission). The decided ones were scored on the state of the rows applied, and verify
+    leaves the unapplied events out of its history the same way; taking them in would change
+    every later score of their instrument."""
+    overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=8",
+                 "scheduler.max_pending_per_instrument=4", "scheduler.max_age_us=600000000"]
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "4000", "--instruments", "8", "--max", "--feed-batch", "64",
+                "--verify", "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
+                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        final = svc.stop()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert r.returncode == 0, r.stderr + r.stdout
+    acct = summary["accounting"]
+    assert acct["lost"] == 0 and final.received == 4000 and acct["decided"] + acct["shed"] == 4000
+    assert final.rejected_by_reason[Reason.QUEUE_FULL] == acct["shed"] > 0, final.rejected_by_reason
+    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"] > 0
 
 
 def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batches(tmp_path):

@@ -1,0 +1,140 @@
+"""Deadline admission for stateful (sequential) models: a slot queues no more than the service
+steps within max_age at its measured pace (scheduler.py's module docstring).
+
+Time is simulated (now_ns given to every call), so these are exact, not timed, tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from hft_infer.config import SchedulerConfig
+from hft_infer.scheduler import NO_REQUEST, Scheduler
+
+US = 1000
+T0 = 1_000_000_000
+
+
+def make(n_slots=8, *, admission="deadline", **kw):
+    kw.setdefault("max_batch", n_slots)
+    kw.setdefault("max_pending_per_instrument", 64)
+    cfg = SchedulerConfig(classes=1, default_class=0, admission=admission, **kw)
+    return Scheduler(cfg, n_slots, sequential=True, conflate=False, class_by_slot_kind=[[0] * n_slots] * 2)
+
+
+def push(s, slot, t, seq=0):
+    return s.push(slot, seq, seq, 0, t, t, 0)
+
+
+def step(s, now):
+    """Form a batch at `now` and release it (the step done); returns (fresh, stale) picked."""
+    n = s.form_batch(now)
+    rids = s.batch_rids[:n]
+    stale = sum(1 for r in rids if s.r_stale[r])
+    s.release_many(rids)
+    return n - stale, stale
+
+
+def backlog(s, slots, per_slot, t):
+    for slot in range(slots):
+        for k in range(per_slot):
+            assert push(s, slot, t, k) != NO_REQUEST
+
+
+def test_depth_follows_the_measured_period():
+    s = make(8, max_age_us=1000)
+    backlog(s, 8, 40, T0)
+    assert s.admit_depth == 64  # nothing measured yet: max_pending
+    now = T0
+    for _ in range(30):  # a batch every 100 us while every slot is backlogged
+        now += 100 * US
+        step(s, now)
+    assert s.step_period_ns == 100 * US
+    assert s.admit_depth == (1000 * US * 7 // 8) // (100 * US)  # 8 batches fit in 7/8 of max_age
+    # a backlogged slot refuses beyond the depth, through push, room and push_in_order alike
+    assert s.s_len[0] > s.admit_depth
+    assert s.room(0) == 0
+    assert push(s, 0, now, 99) == NO_REQUEST
+    s2 = make(8, max_age_us=1000)
+    s2.admit_depth = 3
+    assert s2.push_in_order([5] * 5, [0] * 5, list(range(5)), [0] * 5, [now] * 5, [now] * 5, [0] * 5,
+                            [False] * 5) == 3
+    assert s2.room(5) == 0 and s2.room(4) == 3
+
+
+def test_more_slots_than_a_batch_wait_more_batches_per_row():
+    s = make(16, max_batch=4, max_age_us=1000)
+    backlog(s, 16, 20, T0)
+    now = T0
+    for _ in range(40):
+        now += 50 * US
+        step(s, now)
+    assert s.step_period_ns == 50 * US
+    # 16 queued slots, 4 per batch: a slot is picked every 4th batch
+    assert s.admit_depth == (1000 * US * 7 // 8) // (50 * US * 4)
+
+
+def test_periods_without_a_backlog_are_not_the_pace():
+    """One event per slot, a batch each, far apart: arrivals set that period, not the steps."""
+    s = make(8, max_age_us=1000)
+    now = T0
+    for i in range(20):
+        push(s, i % 8, now, i)
+        step(s, now)
+        now += 10_000 * US
+    assert s.step_period_ns == 0
+    assert s.admit_depth == 64
+
+
+def test_depth_is_at_least_one_and_at_most_max_pending():
+    s = make(4, max_age_us=100, max_pending_per_instrument=16)
+    backlog(s, 4, 10, T0)
+    now = T0
+    for _ in range(5):  # each batch 1 ms apart: slower than the whole deadline
+        now += 1000 * US
+        step(s, now)
+    assert s.admit_depth == 1
+    fast = make(4, max_age_us=100_000, max_pending_per_instrument=16)
+    backlog(fast, 4, 10, T0)
+    now = T0
+    for _ in range(5):
+        now += 10 * US
+        step(fast, now)
+    assert fast.admit_depth == 16
+
+
+def test_depth_mode_keeps_max_pending():
+    s = make(8, admission="depth", max_age_us=1000)
+    backlog(s, 8, 40, T0)
+    now = T0
+    for _ in range(30):
+        now += 100 * US
+        step(s, now)
+    assert s.admit_depth == 64 and s.step_period_ns == 0
+    assert push(s, 0, now, 99) != NO_REQUEST
+
+
+@pytest.mark.parametrize("admission", ["deadline", "depth"])
+def test_overload_three_times_the_step_rate(admission):
+    """Three events per slot per batch period, one stepped: what each admission decides.
+    depth: every queue fills to max_pending (64 x 100 us = 6.4 ms > max_age): every row is
+    stale when picked, stepped, its decision withheld. deadline: the queues stay as deep as
+    the deadline allows and what is picked is fresh."""
+    s = make(8, admission=admission, max_age_us=1000)
+    now, seq = T0, 0
+    fresh = stale = refused = 0
+    for tick in range(400):
+        for slot in range(8):
+            for _ in range(3):
+                seq += 1
+                if push(s, slot, now, seq) == NO_REQUEST:
+                    refused += 1
+        now += 100 * US
+        f, st = step(s, now)
+        if tick >= 200:  # the steady state
+            fresh, stale = fresh + f, stale + st
+    assert fresh + stale == 200 * 8  # one row per slot per batch either way
+    if admission == "deadline":
+        assert fresh == 200 * 8 and stale == 0
+    else:
+        assert fresh == 0 and stale == 200 * 8
+    assert refused > 0  # three arrive for each one stepped: both shed the excess at admission
