@@ -39,8 +39,11 @@ Sequential (stateful) models: every accepted event is queued, in feed order, wit
 the loop takes its position and appends push's arguments, and the chunk goes to the scheduler
 in one `Scheduler.push_many` call before its rows are written (no room -> QUEUE_FULL, its row
 NOT written and its position given back, so the model's state never has a hole it does not
-know about: push_many says why a refused event's position is free to give back); a stale one
-is queued apply-only (decision withheld).
+know about: push_many says why a refused event's position is free to give back). A stale one
+(already past max_age when read) is shed LATE at once, unapplied and taking no position, under
+`scheduler.admission = "deadline"` (the default: a service behind its feed catches up by
+reading, not by stepping rows whose decisions it would withhold); under "depth" it is queued
+apply-only (stepped, decision withheld).
 
 Framing costs one RCVMORE flag read per message (after the payload), and stays exact: a lone
 frame that is not 4 bytes, a lone 4-byte frame with nothing behind it (recv raises Again),
@@ -87,6 +90,7 @@ _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 KIND_QUOTE, KIND_TRADE = int(Kind.QUOTE), int(Kind.TRADE)
 STALE, QUEUE_FULL, NON_FINITE, OVERSIZED = (int(Reason.STALE), int(Reason.QUEUE_FULL), int(Reason.NON_FINITE),
                                             int(Reason.OVERSIZED))
+LATE = int(Reason.LATE)
 # events (or quotes to write) from which numpy's per-call cost pays: write_books costs ~2.4 /
 # 0.96 / 0.61 / 0.31 µs per row at 4 / 8 / 16 / 64 rows against ~0.6-0.9 for a memoryview copy
 BULK_MIN = 16
@@ -286,6 +290,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         last_seq = self.last_seq
         sched = self.sched
         sequential = sched.sequential
+        drop_late = sched.deadline_admission
         p_append = self._p_events.append
         max_age = self.max_age_ns
         class_q, class_t = self.class_q, self.class_t
@@ -335,6 +340,19 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, recvs[i], offset, ts_send):
                 continue
             last_seq[slot] = seq
+            if sequential:
+                t_recv = recvs[i]
+                # deadline origin (perf_counter_ns): the publisher's send time when it gave one
+                if ts_send:
+                    origin = ts_send - offset
+                    if origin > t_recv:  # a publisher clock ahead of ours: count from receipt
+                        origin = t_recv
+                else:
+                    origin = t_recv
+                stale = t_recv - origin > max_age
+                if stale and drop_late:  # deadline admission: not applied, no position taken
+                    self._shed(LATE, slot, seq, ts_send, t_recv, offset)
+                    continue
             pos = count[slot]
             count[slot] = pos + 1
             if typ is Quote:
@@ -348,17 +366,9 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                 t_i(i)
                 table = class_t
             if sequential:
-                t_recv = recvs[i]
-                # deadline origin (perf_counter_ns): the publisher's send time when it gave one
-                if ts_send:
-                    origin = ts_send - offset
-                    if origin > t_recv:  # a publisher clock ahead of ours: count from receipt
-                        origin = t_recv
-                else:
-                    origin = t_recv
                 cls = table[slot] if prio < 0 else self._class(prio, slot, table)
                 # queued with the chunk (Scheduler.push_many), its position taken as if it will be
-                p_append((slot, pos, seq, cls, t_recv, origin, ts_send, t_recv - origin > max_age))
+                p_append((slot, pos, seq, cls, t_recv, origin, ts_send, stale))
             else:
                 nb = b_n[slot]
                 if not nb:
@@ -423,6 +433,9 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
+            if stale and sched.deadline_admission:  # not applied, no position taken (as in _handle)
+                self._shed(LATE, slot, seq, ts_send, t_recv, offset)
+                return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:
                 self._shed(QUEUE_FULL, slot, seq, ts_send, t_recv, offset)  # received, not applied
                 return 1

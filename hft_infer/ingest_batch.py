@@ -22,7 +22,8 @@ Ingest._queue_newest does for a burst of frames (the earlier ones are CONFLATED 
 sequential (stateful) model every event is queued in feed order, as the per-frame path's
 Scheduler.push_many would queue it: each slot's events up to its room in the scheduler (the rest
 shed QUEUE_FULL, rows unwritten), their rows scattered into the ring, deadlines judged over the
-columns (a stale event queued apply-only), and the pushes one loop over columns
+columns (a stale event shed LATE, unapplied, under deadline admission; queued apply-only under
+depth admission), and the pushes one loop over columns
 (Scheduler.push_in_order) instead of ~2 µs of per-event Python each (tools/bench_hotpath.py's
 "sequential" rows).
 
@@ -50,7 +51,7 @@ from hft_infer.transport.codec import (
 )
 from hft_infer.transport.schema import TAG_EVENT_BATCH, EventBatch, Kind, Quote, Reason, Trade
 
-DECODE_ERROR, QUEUE_FULL = int(Reason.DECODE_ERROR), int(Reason.QUEUE_FULL)
+DECODE_ERROR, QUEUE_FULL, LATE = int(Reason.DECODE_ERROR), int(Reason.QUEUE_FULL), int(Reason.LATE)
 KIND_TRADE = int(Kind.TRADE)
 # events in a run of batches from which the column path pays (numpy costs ~1-3 µs per call, the
 # per-frame path ~3-5 µs per event on the dev VM: tools/bench_hotpath.py's EventBatch rows)
@@ -285,30 +286,41 @@ class EventBatchPaths:
         """A sequential (stateful) model: every event of a checked run is queued in feed order, as
         the per-frame path's push_many would queue it (each slot's events up to its room; the
         rest, its last ones, shed QUEUE_FULL with their rows unwritten and their positions not
-        taken), with its deadline judged now (a stale one is queued apply-only). False, having
-        changed nothing, when the free request ids would run out (the general path decides which
-        events go without). The pushes are one loop over columns (Scheduler.push_in_order); the
-        rest is numpy over the run."""
+        taken), with its deadline judged now (a stale one is queued apply-only; under deadline
+        admission it is shed LATE instead, unapplied, as the per-frame path does, and the
+        positions of its slot's later events close up). False, having changed nothing, when the
+        free request ids would run out (the general path decides which events go without). The
+        pushes are one loop over columns (Scheduler.push_in_order); the rest is numpy over the run."""
         _, seq, ts_send, prio, trades, *_ = cols
         sched = self.sched
         n = len(seq)
-        room = np.fromiter(map(sched.room, uniq), dtype=np.int64, count=len(uniq))
-        accepted = np.minimum(ends - starts, room)
-        if int(accepted.sum()) > sched.free_requests():
-            return False
-        keep = rank < accepted[group]
-        self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before)
-        # per event, in feed order: accepted, and push's arguments
-        in_feed = np.empty(n, dtype=bool)
-        in_feed[order] = keep
-        positions = np.empty(n, dtype=np.int64)
-        positions[order] = before[group] + rank
         t_recv = np.full(n, times[0], dtype=np.int64) if recv is None else recv
         send = ts_send.astype(np.int64)
         # deadline origin (perf_counter_ns): the publisher's send time when it gave one, but never
         # after receipt (a publisher clock ahead of ours), as Ingest._handle
         origin = np.where(send != 0, np.minimum(send - offset, t_recv), t_recv)
         stale = (t_recv - origin) > self.max_age_ns
+        applied = None  # slot-sorted: the events that will take a position (None: all)
+        n_applied = ends - starts
+        if sched.deadline_admission and stale.any():
+            applied = ~stale[order]
+            upto = np.cumsum(applied)
+            skipped = (upto - applied)[starts]  # applied events of the run before each slot's first
+            rank = upto - 1 - skipped[group]  # place among its slot's applied events
+            n_applied = upto[ends - 1] - skipped
+        room = np.fromiter(map(sched.room, uniq), dtype=np.int64, count=len(uniq))
+        accepted = np.minimum(n_applied, room)
+        if int(accepted.sum()) > sched.free_requests():
+            return False
+        keep = rank < accepted[group]
+        if applied is not None:
+            keep &= applied
+        self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before, applied)
+        # per event, in feed order: accepted, and push's arguments
+        in_feed = np.empty(n, dtype=bool)
+        in_feed[order] = keep
+        positions = np.empty(n, dtype=np.int64)
+        positions[order] = before[group] + rank
         is_trade = trades if trades is not None else np.zeros(n, dtype=bool)
         cls = np.where(is_trade, self._class_t_np.take(slots), self._class_q_np.take(slots))
         if self.honour_priority:
@@ -324,22 +336,28 @@ class EventBatchPaths:
         for slot, b, a, q in zip(uniq, before.tolist(), accepted.tolist(), q_sorted[ends - 1].tolist()):
             count[slot] = b + a
             last_seq[slot] = q
-        if len(ok) < n:  # QUEUE_FULL: received, not applied; answered in feed order (past capacity: many)
-            out = np.flatnonzero(~in_feed)
-            self.acct.shed_some(QUEUE_FULL, len(out))
-            if self.publish_shed:
-                ids = self.ids
-                self.answers.add_shed([ids[s] for s in slots.take(out).tolist()], seq.take(out).tolist(),
-                                      QUEUE_FULL, None, send.take(out).tolist(), (t_recv.take(out) + offset).tolist())
+        if len(ok) < n:  # received, not applied; answered as the per-frame path does (past capacity: many):
+            # the LATE ones in feed order as it reads them, then the QUEUE_FULL ones push_many refused
+            late = stale & ~in_feed if applied is not None else None
+            for reason, out in ((LATE, late), (QUEUE_FULL, ~in_feed if late is None else ~in_feed & ~late)):
+                if out is None or not out.any():
+                    continue
+                out = np.flatnonzero(out)
+                self.acct.shed_some(reason, len(out))
+                if self.publish_shed:
+                    ids = self.ids
+                    self.answers.add_shed([ids[s] for s in slots.take(out).tolist()], seq.take(out).tolist(), reason,
+                                          None, send.take(out).tolist(), (t_recv.take(out) + offset).tolist())
         return True
 
-    def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before) -> None:
+    def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before, applied=None) -> None:
         """The rows of the run's events marked in `keep` (in slot-sorted order: a conflating
         model's last `depth` of each slot, a sequential one's accepted events) into the ring at
         `before[group] + rank` (`before`: each slot's count before the run), as the per-frame path
         writes them: a quote's row is its book with zero trade fields; a trade's repeats the book
         of the slot's row before it (a quote of the run, or the ring's newest row before the run)
-        with its price and signed size."""
+        with its price and signed size. `applied` (slot-sorted; None: every event) leaves out the
+        quotes a trade may take its book from: those shed LATE took no row."""
         _, _, _, _, trades, price, size, side, books = cols
         store = self.store
         depth, flat = store.depth, store._flat
@@ -359,7 +377,7 @@ class EventBatchPaths:
             t_sorted = trades[order]
             start_of = starts[group]
             # the book of each row: its own (a quote), else the slot's last quote before it in the run
-            last_quote = np.where(t_sorted, -1, np.arange(n))
+            last_quote = np.where(t_sorted if applied is None else t_sorted | ~applied, -1, np.arange(n))
             np.maximum.accumulate(last_quote, out=last_quote)
             from_run = last_quote >= start_of  # -1, or another slot's: no quote of this slot before it
             sel = np.flatnonzero(keep)

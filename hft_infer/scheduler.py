@@ -30,7 +30,8 @@ turn comes is shed (answered SHED/STALE). Conflating models skip the step for
 it; sequential ones still run it (a stateful model's state needs every row)
 but the decision is withheld and answered SHED. Events that are already stale
 on arrival are handled by the ingest (hft_infer/ingest.py): shed at once under
-conflation, queued as apply-only (`stale=True`) in sequential mode. Under
+conflation; in sequential mode shed LATE, unapplied, under deadline admission
+(below) and queued apply-only (`stale=True`) under depth admission. Under
 conflation the ingest also conflates within each burst it reads: only an
 instrument's newest event of the burst is pushed, with `superseded` = the
 older ones, which this scheduler counts as conflated like its own.

@@ -37,7 +37,7 @@ class IngestRig:
     def __init__(self, *, instruments: int = 16, levels: int = 10, max_levels: int = 10, conflate: bool = True,
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
                  depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None,
-                 rows_read: int = 0) -> None:
+                 rows_read: int = 0, admission: str = "deadline") -> None:
         self.ctx = zmq.Context.instance()
         ep = f"inproc://ingest-rig-{next(_ids)}"
         self.pull = self.ctx.socket(zmq.PULL)
@@ -46,7 +46,7 @@ class IngestRig:
         self.push.connect(ep)
         self.store = FeatureStore(instruments, levels, depth)
         cfg = SchedulerConfig(classes=4, default_class=0, max_age_us=max_age_us, capacity=capacity,
-                              max_pending_per_instrument=max_pending)
+                              max_pending_per_instrument=max_pending, admission=admission)
         table = [[0] * instruments, [0] * instruments]
         self.sched = Scheduler(cfg, instruments, sequential=not conflate, conflate=conflate,
                                class_by_slot_kind=table)
@@ -76,7 +76,8 @@ class IngestRig:
         n_answers = len(self.answers)
         self.send(parts)
         diff = [a - b for a, b in zip(self.acct.by_reason, before)]
-        rejected = [Reason(i) for i, d in enumerate(diff) if d and Reason(i) not in (Reason.STALE, Reason.QUEUE_FULL)]
+        shed = (Reason.STALE, Reason.QUEUE_FULL, Reason.LATE)
+        rejected = [Reason(i) for i, d in enumerate(diff) if d and Reason(i) not in shed]
         assert len(rejected) <= 1, rejected
         answers = list(zip(*(col[n_answers:] for col in self.answers.columns())))
         return Verdict(rejected[0] if rejected else Reason.NONE, answers, self.acct.received - received_before)

@@ -25,6 +25,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave11c # the default model on the eager engine pinned and busy-polling, 2k and 10k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11d # the same at 10k (two more pairs) and 20k (one), alternated
 #   BASE_TGZ=F tools/gpu_session.sh wave12 # deadline admission: lstm_a's goodput and overload beside the baseline, GPU engine tests
+#   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -595,6 +596,26 @@ elif [ "$phase" = wave12 ]; then
   step gpu_tests 130 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   summarize
   verbatim overload_lstm_a new_g100k base_g100k gpu_tests
+elif [ "$phase" = wave12b ]; then
+  # wave12 plus LATE (stale-on-arrival events of a stateful model shed unapplied): lstm_a one event per
+  # frame at 100k (wave12's collapse of this tree) and on the persistent engine over iceoryx2 at 100k
+  # (wave 10's bistable row), this tree and BASE_TGZ's alternated; this tree's goodput over EventBatch
+  # frames (the baseline's is wave12's, same session); the GPU engine tests
+  setup_base
+  for k in 1 2; do
+    e2e_run new new_g100k_$k 100000 -c configs/gpu.toml
+    e2e_run base base_g100k_$k 100000 -c "$PWD/configs/gpu.toml"
+  done
+  bench new_p100k_shm 50 -c configs/gpu.toml --rate 100000 --duration 2 --warmup 0.5 --transport iceoryx2 \
+        --set 'runner.engine="persistent"'
+  step base_p100k_shm 50 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 100000 --duration 2 \
+       --warmup 0.5 --transport iceoryx2 --set 'runner.engine="persistent"' --quiet --json "$WORK/base_p100k_shm.json" \
+       --run-dir "$WORK/runs/base_p100k_shm"
+  step overload_lstm_a 150 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000,300000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
+  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  summarize
+  verbatim new_g100k_1 base_g100k_1 new_g100k_2 base_g100k_2 new_p100k_shm base_p100k_shm overload_lstm_a gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

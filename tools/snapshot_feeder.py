@@ -89,6 +89,7 @@ class SyntheticService:
         gauges["batch_wait_us"] = 0.0
         gauges["last_batch_size"] = float(rng.integers(1, 16))
         gauges["rss_bytes"] = 350e6
+        gauges["admit_depth"] = float(rng.integers(1, 65))
         return Snapshot(service=self.name, pid=os.getpid(), ts_ns=now_ns, interval_ns=interval_ns,
                         engine="eager", engine_reason="synthetic feeder (no model)",
                         model_version="synthetic", counters=dict(c), rejected_by_reason=dict(self.by_reason),

@@ -43,6 +43,7 @@ GAUGES = (
     "batch_wait_us",  # current batching wait (window/adaptive policies)
     "last_batch_size",
     "rss_bytes",
+    "admit_depth",  # events one instrument may queue (stateful models: deadline admission's depth)
 )
 
 

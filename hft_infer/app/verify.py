@@ -12,9 +12,9 @@ instrument in order (hysteresis depends on the previous decisions).
 
 Events the service received and did not apply are left out of the reference's
 history, as the service left them out of its state: under the sequential
-discipline (stateful models, conflation off) an event shed QUEUE_FULL is
-answered before its row is written and takes no position (scheduler.py,
-admission). verify learns which from their answers, so it needs
+discipline (stateful models, conflation off) an event shed QUEUE_FULL or
+LATE is answered before its row is written and takes no position
+(scheduler.py, admission). verify learns which from their answers, so it needs
 `egress.publish_shed` (the default); conflating models write every row.
 
 A score differs when |live - reference| > tolerance; an action differs only
@@ -106,10 +106,13 @@ def reference_scores(model, events: np.ndarray, *, mode: str) -> np.ndarray:
     return out
 
 
+_UNAPPLIED = (Reason.QUEUE_FULL, Reason.LATE)  # shed at ingest before their rows were written
+
+
 def applied_events(decisions: list[Decision], events: np.ndarray) -> np.ndarray:
-    """The events a sequentially scheduled service applied: all but those answered QUEUE_FULL."""
+    """The events a sequentially scheduled service applied: all but those shed QUEUE_FULL or LATE."""
     unapplied = {(d.instrument, d.seq) for d in decisions
-                 if d.status == Outcome.SHED and d.reason == Reason.QUEUE_FULL}
+                 if d.status == Outcome.SHED and d.reason in _UNAPPLIED}
     if not unapplied:
         return events
     keep = [(i, s) not in unapplied for i, s in zip(events["instrument"].tolist(), events["seq"].tolist())]

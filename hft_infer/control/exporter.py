@@ -46,7 +46,7 @@ BUCKET_BOUNDS_NS = tuple(int(m * 10 ** e) for e in range(3, 10) for m in (1, 1.5
 
 # Reasons whose events were shed (answered status 1) rather than rejected as bad input
 # (schema.Reason); the by-reason family labels each with its outcome.
-SHED_REASONS = frozenset({Reason.STALE.name, Reason.QUEUE_FULL.name, Reason.ENGINE_FAILURE.name})
+SHED_REASONS = frozenset({Reason.STALE.name, Reason.QUEUE_FULL.name, Reason.ENGINE_FAILURE.name, Reason.LATE.name})
 
 COUNTER_HELP = {
     "received": "Events read from the feed (valid or not; heartbeats excluded)",
@@ -70,6 +70,8 @@ GAUGE_HELP = {
     "batch_wait_us": "Current batching wait of the window/adaptive policies",
     "last_batch_size": "Requests in the last model step",
     "rss_bytes": "Resident memory of the service process",
+    "admit_depth": "Events one instrument may queue (stateful models: set by deadline admission, at most "
+                   "max_pending_per_instrument)",
 }
 
 

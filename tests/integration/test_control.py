@@ -145,10 +145,11 @@ def test_metrics_agree_with_the_snapshots(control, zctx):
         assert fam.samples[0].name == f"hft_infer_{name}_total" and fam.samples[0].value == value
     by_reason = {s.labels["reason"]: (s.labels["outcome"], s.value)
                  for s in fams["hft_infer_shed_or_rejected"].samples}
-    shed = {"STALE", "QUEUE_FULL", "ENGINE_FAILURE"}  # schema.Reason: answered as shed, not rejected
+    shed = {"STALE", "QUEUE_FULL", "ENGINE_FAILURE", "LATE"}  # schema.Reason: answered as shed, not rejected
     assert by_reason == {k: ("shed" if k in shed else "rejected", float(v))
                          for k, v in last.rejected_by_reason.items()}
     assert fams["hft_infer_queue_depth"].samples[0].value == last.gauges["queue_depth"]
+    assert fams["hft_infer_admit_depth"].samples[0].value == last.gauges["admit_depth"] > 0
     assert fams["hft_infer_batch_wait_seconds"].type == "gauge"  # µs on the wire, seconds here
     info = fams["hft_infer_service_info"].samples[0].labels  # exposed as a gauge of 1
     assert info["engine"] == "eager" and info["pid"] == str(os.getpid())

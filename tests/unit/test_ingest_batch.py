@@ -231,11 +231,14 @@ def _step_some(rig: IngestRig, k: int) -> None:
         rig.acct.decided += n
 
 
-def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_frame_each():
+@pytest.mark.parametrize("admission", ["deadline", "depth"])
+def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_frame_each(admission):
     """Sequential: runs of batches (quotes and trades, stale and fresh, priorities, instruments past
     their room in the scheduler) take the column path and end exactly as their events sent one
     frame each: rows, positions, queued requests in order with their stale flag, class and send
-    time, FIFO order, QUEUE_FULL sheds with their answers, and the accounting."""
+    time, FIFO order, QUEUE_FULL sheds with their answers, and the accounting. Under deadline
+    admission the stale ones are shed LATE, unapplied (their slots' later rows close up, a trade
+    after one repeats the last applied book); under depth admission they are queued apply-only."""
     rng = np.random.default_rng(RNG_SEED + 3)
     seqs = [0] * 8
     fresh = time.time_ns()
@@ -245,7 +248,7 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
         feed = _feed(rng, k, 5 if k == 300 else 8, seqs, trades=0.2)
         feed = [(e[0], e[1], e[2], int(rng.choice([0, OLD_NS, fresh, ahead]))) + e[4:] for e in feed]
         runs.append((feed, rng.integers(-1, 7, len(feed)).tolist()))
-    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=40, depth=128)
+    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=40, depth=128, admission=admission)
     a, b = IngestRig(**kw), IngestRig(**kw)
     writes = []
     a.ingest._write_rows = (lambda w: lambda *args: (writes.append(int(args[6].sum())), w(*args)))(a.ingest._write_rows)
@@ -264,7 +267,10 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
         assert len(writes) == 4, "every run took the column path"
         assert a.acct.by_reason[Reason.QUEUE_FULL] > 0, "the 300-event run passed some instruments' room"
         stale = [a.sched.r_stale[r] for s in range(8) for r in a.sched.s_ring[s][:a.sched.s_len[s]]]
-        assert True in stale and False in stale
+        if admission == "depth":
+            assert True in stale and False in stale and a.acct.by_reason[Reason.LATE] == 0
+        else:
+            assert True not in stale and a.acct.by_reason[Reason.LATE] > 0
     finally:
         a.close()
         b.close()

@@ -189,7 +189,9 @@ def test_stale_events_are_conflated_and_their_newest_shed_at_once():
 
 
 def test_a_stateful_model_applies_every_stale_row_and_withholds_its_decision():
-    rig = IngestRig(instruments=4, conflate=False, max_age_us=1000, max_pending=64)
+    """admission = "depth": an event already past its deadline is still applied (queued
+    apply-only: stepped, its decision withheld)."""
+    rig = IngestRig(instruments=4, conflate=False, max_age_us=1000, max_pending=64, admission="depth")
     try:
         burst(rig, [quote(i % 2, i // 2, float(i), ts_send=OLD_NS)[1:] for i in range(20)]
               + [quote(1, 10)[1:]])
@@ -198,6 +200,30 @@ def test_a_stateful_model_applies_every_stale_row_and_withholds_its_decision():
         stale = [sched.r_stale[sched.s_ring[s][j]] for s in (0, 1) for j in range(sched.s_len[s])]
         assert stale.count(True) == 20 and stale.count(False) == 1
         assert rig.store.count[:2] == [10, 11]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_deadline_admission_sheds_late_events_unapplied(one_at_a_time):
+    """admission = "deadline" (the default): an event already past its deadline when read is shed
+    LATE, its row not written and no position taken, so the instrument's next event takes the
+    position after its last applied one; a trade after a LATE quote repeats the last applied
+    book. One frame at a time and in a burst alike."""
+    rig = IngestRig(instruments=4, conflate=False, max_age_us=1000, max_pending=64)
+    try:
+        feed = ([quote(0, 0, 1.0)[1:], quote(0, 1, 2.0, ts_send=OLD_NS)[1:], quote(1, 0, 3.0, ts_send=OLD_NS)[1:]]
+                + [quote(0, 2 + i, 4.0 + i, ts_send=OLD_NS)[1:] for i in range(17)]
+                + [trade(0, 19, 50.0, 2.0, 1)[1:], quote(1, 1, 9.0)[1:]])
+        (one_by_one if one_at_a_time else burst)(rig, feed)
+        late = [a for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
+        assert [(a[0], a[1]) for a in late] == [(0, 1), (1, 0)] + [(0, 2 + i) for i in range(17)]  # feed order
+        assert rig.acct.by_reason[Reason.LATE] == 19 and rig.acct.shed == 19
+        assert rig.store.count[:2] == [2, 1]  # slot 0: seq 0 and the trade; slot 1: seq 1
+        np.testing.assert_array_equal(rig.store.row(0, 1)[: 4 * LEVELS], rig.store.row(0, 0)[: 4 * LEVELS])
+        np.testing.assert_array_equal(rig.store.row(1, 0)[: 4 * LEVELS], np.frombuffer(_book(9.0), "<f4"))
+        assert rig.ingest.last_seq[:2] == [19, 1]
+        assert rig.sched.live_requests() == 3 and rig.identity_holds()
     finally:
         rig.close()
 
