@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+import pytest
 import zmq
 from service_harness import TEST_MODEL, ServiceUnderTest
 
@@ -122,13 +123,12 @@ def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
     assert final.received == 6000
 
 
-def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_running_service(tmp_path):
-    """A sequential model (lstm_a in stream mode: every row applied in order) fed EventBatch frames
-    of 64 (--max: full frames, so the ingest queues each run as columns, ingest_batch.py): every
-    event is decided, each exactly as the offline reference scores it with the instrument's whole
-    history (a row missing, repeated or out of order would change every later score)."""
+def _replay_stream_lstm(tmp_path, max_pending: int, max_age_us: int):
+    """4,000 synthetic events of 8 instruments, all due at once (--max), as EventBatch frames of 64
+    (the ingest queues each run as columns, ingest_batch.py), through a service running lstm_a in
+    stream mode (every applied row changes every later score of its instrument), with --verify."""
     overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=8",
-                 "scheduler.max_pending_per_instrument=2048", "scheduler.max_age_us=600000000"]
+                 f"scheduler.max_pending_per_instrument={max_pending}", f"scheduler.max_age_us={max_age_us}"]
     with ServiceUnderTest(overrides) as svc:
         svc.start(feed=False)
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
@@ -139,30 +139,30 @@ def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_runnin
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert r.returncode == 0, r.stderr + r.stdout
     assert summary["accounting"]["lost"] == 0 and final.received == 4000
+    return summary, final
+
+
+def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_running_service(tmp_path):
+    """Room for every event and no deadline to speak of: every event is decided, each exactly as the
+    offline reference scores it with the instrument's whole history (a row missing, repeated or out
+    of order would change every later score)."""
+    summary, _ = _replay_stream_lstm(tmp_path, 2048, 600_000_000)
     assert summary["accounting"]["decided"] == 4000, summary["accounting"]
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == 4000
 
 
-def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tmp_path):
-    """Every event due at once (--max) to a stateful model whose instruments queue at most 4
-    events: most are shed QUEUE_FULL at ingest, their rows never applied (scheduler.py,
-    admission). The decided ones were scored on the state of the rows applied, and verify
-    leaves the unapplied events out of its history the same way; taking them in would change
-    every later score of their instrument."""
-    overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=8",
-                 "scheduler.max_pending_per_instrument=4", "scheduler.max_age_us=600000000"]
-    with ServiceUnderTest(overrides) as svc:
-        svc.start(feed=False)
-        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
-        r = cli("replay", "synthetic", "--events", "4000", "--instruments", "8", "--max", "--feed-batch", "64",
-                "--verify", "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
-                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
-        final = svc.stop()
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert r.returncode == 0, r.stderr + r.stdout
+@pytest.mark.parametrize("max_pending, max_age_us", [(4, 600_000_000), (64, 2000)])
+def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tmp_path, max_pending, max_age_us):
+    """The same flood where instruments queue at most 4 events (most shed QUEUE_FULL at ingest), or
+    with a 2 ms deadline (deadline admission: the queue as deep as the pace allows, and events read
+    past the deadline shed LATE): the unapplied events' rows never reach the state. The decided ones
+    were scored on the rows applied, and verify leaves the unapplied events out of its history the
+    same way; taking them in would change every later score of their instrument."""
+    summary, final = _replay_stream_lstm(tmp_path, max_pending, max_age_us)
     acct = summary["accounting"]
-    assert acct["lost"] == 0 and final.received == 4000 and acct["decided"] + acct["shed"] == 4000
-    assert final.rejected_by_reason[Reason.QUEUE_FULL] == acct["shed"] > 0, final.rejected_by_reason
+    by_reason = final.rejected_by_reason
+    assert acct["decided"] + acct["shed"] == 4000 and acct["shed"] > 0
+    assert by_reason[Reason.QUEUE_FULL] + by_reason[Reason.LATE] + by_reason[Reason.STALE] == acct["shed"], by_reason
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"] > 0
 
 

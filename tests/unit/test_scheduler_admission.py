@@ -40,14 +40,20 @@ def backlog(s, slots, per_slot, t):
             assert push(s, slot, t, k) != NO_REQUEST
 
 
+def steps_every(s, period_us, batches, start=T0):
+    """`batches` batches, one every `period_us`; returns the time of the last."""
+    now = start
+    for _ in range(batches):
+        now += period_us * US
+        step(s, now)
+    return now
+
+
 def test_depth_follows_the_measured_period():
     s = make(8, max_age_us=1000)
     backlog(s, 8, 40, T0)
     assert s.admit_depth == 64  # nothing measured yet: max_pending
-    now = T0
-    for _ in range(30):  # a batch every 100 us while every slot is backlogged
-        now += 100 * US
-        step(s, now)
+    now = steps_every(s, 100, 30)  # a batch every 100 us while every slot is backlogged
     assert s.step_period_ns == 100 * US
     assert s.admit_depth == (1000 * US * 7 // 8) // (100 * US)  # 8 batches fit in 7/8 of max_age
     # a backlogged slot refuses beyond the depth, through push, room and push_in_order alike
@@ -64,10 +70,7 @@ def test_depth_follows_the_measured_period():
 def test_more_slots_than_a_batch_wait_more_batches_per_row():
     s = make(16, max_batch=4, max_age_us=1000)
     backlog(s, 16, 20, T0)
-    now = T0
-    for _ in range(40):
-        now += 50 * US
-        step(s, now)
+    steps_every(s, 50, 40)
     assert s.step_period_ns == 50 * US
     # 16 queued slots, 4 per batch: a slot is picked every 4th batch
     assert s.admit_depth == (1000 * US * 7 // 8) // (50 * US * 4)
@@ -88,27 +91,18 @@ def test_periods_without_a_backlog_are_not_the_pace():
 def test_depth_is_at_least_one_and_at_most_max_pending():
     s = make(4, max_age_us=100, max_pending_per_instrument=16)
     backlog(s, 4, 10, T0)
-    now = T0
-    for _ in range(5):  # each batch 1 ms apart: slower than the whole deadline
-        now += 1000 * US
-        step(s, now)
+    steps_every(s, 1000, 5)  # each batch 1 ms apart: slower than the whole deadline
     assert s.admit_depth == 1
     fast = make(4, max_age_us=100_000, max_pending_per_instrument=16)
     backlog(fast, 4, 10, T0)
-    now = T0
-    for _ in range(5):
-        now += 10 * US
-        step(fast, now)
+    steps_every(fast, 10, 5)
     assert fast.admit_depth == 16
 
 
 def test_depth_mode_keeps_max_pending():
     s = make(8, admission="depth", max_age_us=1000)
     backlog(s, 8, 40, T0)
-    now = T0
-    for _ in range(30):
-        now += 100 * US
-        step(s, now)
+    now = steps_every(s, 100, 30)
     assert s.admit_depth == 64 and s.step_period_ns == 0
     assert push(s, 0, now, 99) != NO_REQUEST
 
