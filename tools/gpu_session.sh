@@ -25,7 +25,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave11c # the default model on the eager engine pinned and busy-polling, 2k and 10k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave11d # the same at 10k (two more pairs) and 20k (one), alternated
 #   BASE_TGZ=F tools/gpu_session.sh wave12 # deadline admission: lstm_a's goodput and overload beside the baseline, GPU engine tests
-#   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput
+#   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput, py-spy at 200k
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -614,6 +614,8 @@ elif [ "$phase" = wave12b ]; then
   step overload_lstm_a 150 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000,300000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
   step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  step prof_200k 60 env FEED_BATCH=256 bash tools/profile_overload.sh "$WORK/prof_200k" 200000 3 -c configs/gpu.toml
+  head -n 70 "$WORK/prof_200k/spy_top.txt" > "$OUT/prof_200k.txt" 2>/dev/null
   summarize
   verbatim new_g100k_1 base_g100k_1 new_g100k_2 base_g100k_2 new_p100k_shm base_p100k_shm overload_lstm_a gpu_tests
 elif [ "$phase" = smoke ]; then
