@@ -62,11 +62,14 @@ independently of the service's outcome counters.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from hft_infer.config import SchedulerConfig
 
 NO_REQUEST = -1
+_KEY = itemgetter(0)
 
 
 class AdaptiveWait:
@@ -164,6 +167,7 @@ class Scheduler:
         self.s_enq_ns = [0] * n_slots  # aging base of the slot's FIFO entry
         self.s_rid = [NO_REQUEST] * n_slots  # conflating: the one pending request
         self.max_pending = cfg.max_pending_per_instrument
+        self.fast_pick = True  # sequential: _take_every_slot when every queued slot fits (tests turn it off)
         # admission (module docstring): events a slot may queue, and the pace that sets it
         self.admit_depth = self.max_pending
         self.deadline_admission = sequential and cfg.admission == "deadline"
@@ -392,9 +396,15 @@ class Scheduler:
         self.n_shed = 0
         if not force and self.batch_due_ns(now_ns) != 0:
             return 0
+        queued_before = self.queued_slots
+        if self.sequential and queued_before <= self.max_batch and self.fast_pick:
+            n = self._take_every_slot(now_ns)
+            if n:
+                if self.deadline_admission:
+                    self._pace(now_ns, self.queued_slots > 0, queued_before)
+                return n
         n = 0
         n_requeue = 0
-        queued_before = self.queued_slots
         max_age = self.max_age_ns
         q_len, q_buf, q_head = self.q_len, self.q_buf, self.q_head
         nslots = self._n_slots
@@ -435,6 +445,70 @@ class Scheduler:
             self._enqueue_slot(slot, self.r_cls[nxt], now_ns)
         if self.deadline_admission and n:
             self._pace(now_ns, n_requeue > 0, queued_before)
+        return n
+
+    def _take_every_slot(self, now_ns: int) -> int:
+        """Sequential, every queued slot fits in the batch (the usual case: instruments <=
+        max_batch): the batch is each queued slot's oldest request, in the order the pick loop
+        would take them, without its per-pick class scan (~2x less per request on the dev VM).
+        That order is the head-by-head merge of the class FIFOs by aged key (ties: the lower
+        class); with each FIFO in key order, as enqueue times make it, that merge is a stable
+        sort of the FIFOs laid end to end in class order. Returns 0, having changed nothing,
+        when a FIFO is out of key order (the pick loop decides then)."""
+        q_len, q_buf, q_head, enq = self.q_len, self.q_buf, self.q_head, self.s_enq_ns
+        nslots = self._n_slots
+        parts = []
+        for c in range(self.classes):
+            k = q_len[c]
+            if k:
+                h, buf = q_head[c], q_buf[c]
+                e = h + k
+                parts.append((c, buf[h:e] if e <= nslots else buf[h:] + buf[:e - nslots]))
+        if len(parts) == 1:
+            order = parts[0][1]
+        else:
+            keyed = []
+            aging = self.aging_ns
+            for c, part in parts:
+                base = c * aging
+                keys = [enq[slot] + base for slot in part]
+                if keys != sorted(keys):
+                    return 0
+                keyed += zip(keys, part)
+            keyed.sort(key=_KEY)  # stable: equal keys keep class order, then FIFO order
+            order = [slot for _, slot in keyed]
+        for c, _ in parts:
+            q_head[c] = (q_head[c] + q_len[c]) % nslots
+            q_len[c] = 0
+        n = len(order)
+        self.queued_slots -= n
+        self.pending -= n
+        s_queued, s_head, s_len, s_ring = self.s_queued, self.s_head, self.s_len, self.s_ring
+        r_origin, r_stale, rids = self.r_origin_ns, self.r_stale, self.batch_rids
+        mp, max_age = self.max_pending, self.max_age_ns
+        requeue = []
+        for i, slot in enumerate(order):
+            s_queued[slot] = False
+            head = s_head[slot]
+            rid = s_ring[slot][head]
+            s_head[slot] = (head + 1) % mp
+            left = s_len[slot] - 1
+            s_len[slot] = left
+            if left:
+                requeue.append(slot)
+            if now_ns - r_origin[rid] > max_age:
+                r_stale[rid] = True
+            rids[i] = rid
+        # back into their classes' FIFOs, all empty now (_enqueue_slot's stores, without its call)
+        r_cls = self.r_cls
+        for slot in requeue:
+            c = r_cls[s_ring[slot][s_head[slot]]]
+            k = q_len[c]
+            q_buf[c][(q_head[c] + k) % nslots] = slot
+            q_len[c] = k + 1
+            s_queued[slot] = True
+            enq[slot] = now_ns
+        self.queued_slots += len(requeue)
         return n
 
     def _pace(self, now_ns: int, backlogged: bool, queued_before: int) -> None:

@@ -132,3 +132,48 @@ def test_overload_three_times_the_step_rate(admission):
     else:
         assert fresh == 0 and stale == 200 * 8
     assert refused > 0  # three arrive for each one stepped: both shed the excess at admission
+
+
+def _state(s):
+    q = [[s.q_buf[c][(s.q_head[c] + j) % s._n_slots] for j in range(s.q_len[c])] for c in range(s.classes)]
+    rings = [[s.s_ring[x][(s.s_head[x] + j) % s.max_pending] for j in range(s.s_len[x])] for x in range(s._n_slots)]
+    return (q, rings, list(s.s_queued), list(s.s_enq_ns), s.pending, s.queued_slots, sorted(s._free),
+            s.admit_depth, s.step_period_ns)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_taking_every_queued_slot_at_once_picks_as_the_pick_loop(seed):
+    """Sequential batches that hold every queued slot (Scheduler._take_every_slot) pick the same
+    requests in the same order, mark the same ones stale and leave the same queues as the
+    pick loop, over random pushes in four classes (aging mixing them), deadlines passing,
+    enqueue times out of order (the loop then decides) and batches of any size."""
+    import random
+
+    rng = random.Random(seed)
+    n_slots = 12
+    cfg = SchedulerConfig(classes=4, default_class=0, aging_us=30.0, max_age_us=400, max_batch=rng.choice([8, 12, 16]),
+                          max_pending_per_instrument=8)
+    pair = [Scheduler(cfg, n_slots, sequential=True, conflate=False, class_by_slot_kind=[[0] * n_slots] * 2)
+            for _ in range(2)]
+    pair[1].fast_pick = False
+    taken = []  # what each _take_every_slot call returned (0: the pick loop decided)
+    take = pair[0]._take_every_slot
+    pair[0]._take_every_slot = lambda now_ns: taken.append(take(now_ns)) or taken[-1]
+    now, seq = T0, 0
+    for _ in range(400):
+        now += rng.randrange(1, 60) * US
+        for _ in range(rng.randrange(0, 10)):
+            slot, cls = rng.randrange(n_slots), rng.randrange(4)
+            # now and then one read a while ago: its class's enqueue times out of order
+            recv = now - (rng.randrange(0, 300) * US if rng.random() < 0.03 else 0)
+            seq += 1
+            assert len({s.push(slot, seq, seq, cls, recv, recv, 0) for s in pair}) == 1
+        batches = []
+        for s in pair:
+            n = s.form_batch(now)
+            rids = s.batch_rids[:n]
+            batches.append([(r, s.r_slot[r], s.r_seq[r], s.r_stale[r]) for r in rids])
+            s.release_many(rids)
+        assert batches[0] == batches[1]
+        assert _state(pair[0]) == _state(pair[1])
+    assert sum(1 for n in taken if n) > 10 and 0 in taken  # both ways taken
