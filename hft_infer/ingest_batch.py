@@ -302,8 +302,14 @@ class EventBatchPaths:
         stale = (t_recv - origin) > self.max_age_ns
         applied = None  # slot-sorted: the events that will take a position (None: all)
         n_applied = ends - starts
-        if sched.deadline_admission and stale.any():
-            applied = ~stale[order]
+        late = stale
+        if sched.deadline_admission and sched.place_ns:  # stale when its turn would come (as Ingest._handle)
+            queued = np.fromiter(map(sched.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+            wait = np.empty(n, dtype=np.int64)
+            wait[order] = ((queued + 1) * sched.place_ns)[group]
+            late = stale | ((t_recv - origin) > self.max_age_ns - wait)
+        if sched.deadline_admission and late.any():
+            applied = ~late[order]
             upto = np.cumsum(applied)
             skipped = (upto - applied)[starts]  # applied events of the run before each slot's first
             rank = upto - 1 - skipped[group]  # place among its slot's applied events
@@ -338,7 +344,7 @@ class EventBatchPaths:
             last_seq[slot] = q
         if len(ok) < n:  # received, not applied; answered as the per-frame path does (past capacity: many):
             # the LATE ones in feed order as it reads them, then the QUEUE_FULL ones push_many refused
-            late = stale & ~in_feed if applied is not None else None
+            late = late & ~in_feed if applied is not None else None
             for reason, out in ((LATE, late), (QUEUE_FULL, ~in_feed if late is None else ~in_feed & ~late)):
                 if out is None or not out.any():
                     continue

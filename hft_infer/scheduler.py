@@ -44,7 +44,10 @@ slots are queued than a batch holds); `step_period_ns` is the period between
 batches while some slot is backlogged (an EWMA, measured in form_batch), and
 admit_depth = 7/8 max_age / (period x rounds), at least 1, at most
 max_pending_per_instrument. An event beyond it is refused like one beyond
-max_pending (QUEUE_FULL: not applied, position not taken). Without it, a
+max_pending (QUEUE_FULL: not applied, position not taken). The ingest also
+sheds LATE (unapplied) an event whose age on arrival plus that wait, (queued
++ 1) x `place_ns` (period x rounds), passes max_age: it would be stale when
+picked, stepped for nothing but its row. Without it, a
 stateful model offered more rows than it can step fills every queue to
 max_pending: at 64 deep that is ~90 ms of rows on the dev VM, every row is
 stale when picked, it is stepped and its decision withheld, and the service
@@ -172,6 +175,7 @@ class Scheduler:
         self.admit_depth = self.max_pending
         self.deadline_admission = sequential and cfg.admission == "deadline"
         self.step_period_ns = 0
+        self.place_ns = 0  # the wait one place in a slot's queue means: period x rounds (0: not measured)
         self._admit_budget_ns = self.max_age_ns * 7 // 8
         self._t_last_batch = 0
         self._backlogged = False
@@ -525,7 +529,8 @@ class Scheduler:
         p = self.step_period_ns
         if p > 0:
             rounds = -(-queued_before // self.max_batch)  # batches between two picks of one slot
-            depth = self._admit_budget_ns // (p * rounds)
+            self.place_ns = p * rounds
+            depth = self._admit_budget_ns // self.place_ns
             self.admit_depth = 1 if depth < 1 else (depth if depth < self.max_pending else self.max_pending)
 
     def release(self, rid: int) -> None:

@@ -26,6 +26,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave11d # the same at 10k (two more pairs) and 20k (one), alternated
 #   BASE_TGZ=F tools/gpu_session.sh wave12 # deadline admission: lstm_a's goodput and overload beside the baseline, GPU engine tests
 #   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput, py-spy at 200k
+#   tools/gpu_session.sh wave12c           # landing check: GPU engine tests; lstm_a per-event 100k, persistent/iceoryx2 100k, goodput
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -618,6 +619,21 @@ elif [ "$phase" = wave12b ]; then
   head -n 70 "$WORK/prof_200k/spy_top.txt" > "$OUT/prof_200k.txt" 2>/dev/null
   summarize
   verbatim new_g100k_1 base_g100k_1 new_g100k_2 base_g100k_2 new_p100k_shm base_p100k_shm overload_lstm_a gpu_tests
+elif [ "$phase" = wave12c ]; then
+  # the landing check of wave 12 (LATE also for events their queue would make stale; the one-pass pick):
+  # the GPU engine tests, then this tree alone (the baseline's runs are wave12/wave12b's, same session):
+  # lstm_a one event per frame at 100k twice, on the persistent engine over iceoryx2 at 100k, and its
+  # goodput over EventBatch frames from 30k (wave12b had no rate with shed <= 1 %)
+  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  for k in 1 2; do
+    bench new_g100k_$k 40 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
+  done
+  bench new_p100k_shm 40 -c configs/gpu.toml --rate 100000 --duration 2 --warmup 0.5 --transport iceoryx2 \
+        --set 'runner.engine="persistent"'
+  step overload_lstm_a 130 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 30000,50000,100000,200000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
+  summarize
+  verbatim gpu_tests new_g100k_1 new_g100k_2 new_p100k_shm overload_lstm_a
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

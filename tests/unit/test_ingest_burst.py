@@ -241,3 +241,37 @@ def test_a_burst_longer_than_the_ring_is_handled_in_chunks():
         assert rig.sched.live_requests() == 2 and rig.sched.conflated == 248 and rig.identity_holds()
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize("how", ["one_by_one", "burst", "event_batch"])
+def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
+    """An event young enough on arrival, but not with its instrument's queue ahead of it: with 2 ms
+    a queue place (Scheduler.place_ns) and a 10 ms deadline, an event 6 ms old is LATE behind two
+    queued ones (6 + 3 x 2 > 10) and admitted into an empty queue (6 + 2 <= 10); a fresh one is
+    admitted behind the two. Per frame, in a burst and over an EventBatch (32 more instruments'
+    events make the chunk long enough for the bulk and column paths) alike."""
+    import time
+
+    from test_ingest_batch import batch_frame
+
+    rig = IngestRig(instruments=40, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
+    columns = []  # the EventBatch case must take the column path (ingest_batch.py, from COLUMNS_MIN events)
+    run = rig.ingest._queue_run_in_order
+    rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
+    try:
+        one_by_one(rig, [quote(0, 0, 1.0), quote(0, 1, 2.0)])  # two queued on slot 0
+        rig.sched.place_ns = 2_000_000
+        aged = time.time_ns() - 6_000_000
+        events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, 34)]
+        if how == "event_batch":
+            burst(rig, [batch_frame(events)])
+        else:
+            frames = [quote(i, q, k, ts_send=ts) for i, q, k, ts in events]
+            (one_by_one if how == "one_by_one" else burst)(rig, frames)
+        late = [(a[0], a[1]) for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
+        assert late == [(0, 2)]
+        assert rig.store.count[:3] == [3, 1, 1] and rig.sched.s_len[:3] == [3, 1, 1]
+        assert rig.ingest.last_seq[0] == 3 and rig.identity_holds()
+        assert columns == ([1] if how == "event_batch" else [])
+    finally:
+        rig.close()

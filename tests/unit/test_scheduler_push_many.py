@@ -184,7 +184,7 @@ def _rig(n_inst: int, max_pending: int, capacity: int) -> IngestRig:
     rig = IngestRig(instruments=n_inst, topic_frame=True, conflate=False, max_age_us=1000, max_pending=max_pending,
                     depth=256)
     cfg = SchedulerConfig(classes=4, default_class=0, max_age_us=10**9, aging_us=1e9, capacity=capacity,
-                          max_batch=3, max_pending_per_instrument=max_pending)
+                          max_batch=3, max_pending_per_instrument=max_pending, admission="depth")
     rig.sched = rig.ingest.sched = Scheduler(cfg, n_inst, sequential=True, conflate=False,
                                              class_by_slot_kind=[[0] * n_inst, [0] * n_inst])
     return rig
