@@ -291,7 +291,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         sched = self.sched
         sequential = sched.sequential
         drop_late = sched.deadline_admission
-        place_ns = sched.place_ns if sequential else 0
+        half_place = sched.half_place_ns if sequential else 0
         s_len = sched.s_len if sequential else None
         p_append = self._p_events.append
         max_age = self.max_age_ns
@@ -353,7 +353,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                     origin = t_recv
                 stale = t_recv - origin > max_age
                 # deadline admission: stale when its turn would come -> not applied, no position taken
-                if drop_late and (stale or (place_ns and t_recv - origin > max_age - (s_len[slot] + 1) * place_ns)):
+                if drop_late and (stale or (half_place and
+                                            t_recv - origin > max_age - (2 * s_len[slot] + 1) * half_place)):
                     self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                     continue
             pos = count[slot]
@@ -436,8 +437,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            if sched.deadline_admission and (stale or t_recv - origin > self.max_age_ns - (sched.s_len[slot] + 1)
-                                             * sched.place_ns):  # stale when its turn would come, as in _handle
+            if sched.deadline_admission and (stale or t_recv - origin > self.max_age_ns - (2 * sched.s_len[slot] + 1)
+                                             * sched.half_place_ns):  # stale when its turn would come, as in _handle
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:

@@ -303,10 +303,10 @@ class EventBatchPaths:
         applied = None  # slot-sorted: the events that will take a position (None: all)
         n_applied = ends - starts
         late = stale
-        if sched.deadline_admission and sched.place_ns:  # stale when its turn would come (as Ingest._handle)
+        if sched.deadline_admission and sched.half_place_ns:  # stale when its turn would come (as Ingest._handle)
             queued = np.fromiter(map(sched.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
             wait = np.empty(n, dtype=np.int64)
-            wait[order] = ((queued + 1) * sched.place_ns)[group]
+            wait[order] = ((2 * queued + 1) * sched.half_place_ns)[group]
             late = stale | ((t_recv - origin) > self.max_age_ns - wait)
         if sched.deadline_admission and late.any():
             applied = ~late[order]

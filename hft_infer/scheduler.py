@@ -45,9 +45,16 @@ batches while some slot is backlogged (an EWMA, measured in form_batch), and
 admit_depth = 7/8 max_age / (period x rounds), at least 1, at most
 max_pending_per_instrument. An event beyond it is refused like one beyond
 max_pending (QUEUE_FULL: not applied, position not taken). The ingest also
-sheds LATE (unapplied) an event whose age on arrival plus that wait, (queued
-+ 1) x `place_ns` (period x rounds), passes max_age: it would be stale when
-picked, stepped for nothing but its row. Without it, a
+sheds LATE (unapplied) an event whose age on arrival plus its expected wait
+passes max_age: it would be stale when picked, stepped for nothing but its
+row. With `queued` events ahead of it, it is picked between queued and
+queued + 1 batch places from now (the next batch may form at once), so the
+expected wait is (queued + 1/2) places of `place_ns` = period x rounds
+(`half_place_ns` keeps it in integers). On the H200 host (lstm_a, BENCHMARKS.md
+wave 12) counting the whole last place (134d8e3) decided fewer over EventBatch
+frames under overload, where a place is longest; counting none (before 134d8e3)
+left 90-110k of 400k events stale when picked at 100k events/s in single-event
+frames. Without it, a
 stateful model offered more rows than it can step fills every queue to
 max_pending: at 64 deep that is ~90 ms of rows on the dev VM, every row is
 stale when picked, it is stepped and its decision withheld, and the service
@@ -176,6 +183,7 @@ class Scheduler:
         self.deadline_admission = sequential and cfg.admission == "deadline"
         self.step_period_ns = 0
         self.place_ns = 0  # the wait one place in a slot's queue means: period x rounds (0: not measured)
+        self.half_place_ns = 0
         self._admit_budget_ns = self.max_age_ns * 7 // 8
         self._t_last_batch = 0
         self._backlogged = False
@@ -530,6 +538,7 @@ class Scheduler:
         if p > 0:
             rounds = -(-queued_before // self.max_batch)  # batches between two picks of one slot
             self.place_ns = p * rounds
+            self.half_place_ns = self.place_ns // 2
             depth = self._admit_budget_ns // self.place_ns
             self.admit_depth = 1 if depth < 1 else (depth if depth < self.max_pending else self.max_pending)
 

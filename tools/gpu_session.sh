@@ -27,6 +27,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave12 # deadline admission: lstm_a's goodput and overload beside the baseline, GPU engine tests
 #   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput, py-spy at 200k
 #   tools/gpu_session.sh wave12c           # landing check: GPU engine tests; lstm_a per-event 100k, persistent/iceoryx2 100k, goodput
+#   tools/gpu_session.sh wave12d           # the expected wait (queued + 1/2 places): GPU engine tests, lstm_a 100k per event, goodput
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -634,6 +635,15 @@ elif [ "$phase" = wave12c ]; then
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
   summarize
   verbatim gpu_tests new_g100k_1 new_g100k_2 new_p100k_shm overload_lstm_a
+elif [ "$phase" = wave12d ]; then
+  # LATE on the expected wait, (queued + 1/2) places (wave12c counted queued + 1): the GPU engine tests,
+  # lstm_a one event per frame at 100k, and the goodput over EventBatch frames as wave12c ran it
+  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  bench new_g100k_1 40 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
+  step overload_lstm_a 130 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 30000,50000,100000,200000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
+  summarize
+  verbatim gpu_tests new_g100k_1 overload_lstm_a
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -247,8 +247,8 @@ def test_a_burst_longer_than_the_ring_is_handled_in_chunks():
 def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
     """An event young enough on arrival, but not with its instrument's queue ahead of it: with 2 ms
     a queue place (Scheduler.place_ns) and a 10 ms deadline, an event 6 ms old is LATE behind two
-    queued ones (6 + 3 x 2 > 10) and admitted into an empty queue (6 + 2 <= 10); a fresh one is
-    admitted behind the two. Per frame, in a burst and over an EventBatch (32 more instruments'
+    queued ones (expected wait 2.5 places: 6 + 5 > 10) and admitted into an empty queue (6 + 1 <=
+    10); a fresh one is admitted behind the two. Per frame, in a burst and over an EventBatch (32 more instruments'
     events make the chunk long enough for the bulk and column paths) alike."""
     import time
 
@@ -260,7 +260,7 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
     rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
     try:
         one_by_one(rig, [quote(0, 0, 1.0), quote(0, 1, 2.0)])  # two queued on slot 0
-        rig.sched.place_ns = 2_000_000
+        rig.sched.place_ns, rig.sched.half_place_ns = 2_000_000, 1_000_000
         aged = time.time_ns() - 6_000_000
         events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, 34)]
         if how == "event_batch":
