@@ -637,10 +637,11 @@ elif [ "$phase" = wave12c ]; then
   verbatim gpu_tests new_g100k_1 new_g100k_2 new_p100k_shm overload_lstm_a
 elif [ "$phase" = wave12d ]; then
   # LATE on the expected wait, (queued + 1/2) places (wave12c counted queued + 1): the GPU engine tests,
-  # lstm_a one event per frame at 100k, and the goodput over EventBatch frames as wave12c ran it
+  # lstm_a one event per frame at 100k, and the goodput over EventBatch frames as wave12c ran it (from 50k:
+  # the device time left)
   step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   bench new_g100k_1 40 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
-  step overload_lstm_a 130 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 30000,50000,100000,200000 \
+  step overload_lstm_a 120 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
   summarize
   verbatim gpu_tests new_g100k_1 overload_lstm_a
