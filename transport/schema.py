@@ -79,8 +79,8 @@ class Reason(enum.IntEnum):
     BAD_FIELD = 11  # a field outside its range (negative seq, side not +-1, bad priority, ts_send_ns)
     OUT_OF_ORDER = 12  # seq not above the instrument's last one (duplicate or late), and not a restart at 0
     ENGINE_FAILURE = 13  # shed: the model engine failed (the service then stops, non-zero)
-    LATE = 14  # shed at ingest, stateful models under scheduler.admission = "deadline": already past max_age_us
-    # when received (the service is behind the feed); not applied to the model's state
+    LATE = 14  # shed at ingest, stateful models under scheduler.admission = "deadline": past max_age_us when
+    # received, or would be by its turn (its age plus its queue's expected wait); not applied to the model's state
 
 
 class Quote(msgspec.Struct, tag=TAG_QUOTE, array_like=True, frozen=True, gc=False):
