@@ -353,7 +353,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                     origin = t_recv
                 stale = t_recv - origin > max_age
                 # deadline admission: stale when its turn would come -> not applied, no position taken
-                if drop_late and (stale or (half_place and
+                if drop_late and (stale or (half_place and s_len[slot] and
                                             t_recv - origin > max_age - (2 * s_len[slot] + 1) * half_place)):
                     self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                     continue
@@ -437,8 +437,9 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            if sched.deadline_admission and (stale or t_recv - origin > self.max_age_ns - (2 * sched.s_len[slot] + 1)
-                                             * sched.half_place_ns):  # stale when its turn would come, as in _handle
+            queued = sched.s_len[slot]
+            if sched.deadline_admission and (stale or (queued and t_recv - origin > self.max_age_ns - (2 * queued + 1)
+                                                       * sched.half_place_ns)):  # as in _handle
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:

@@ -306,7 +306,7 @@ class EventBatchPaths:
         if sched.deadline_admission and sched.half_place_ns:  # stale when its turn would come (as Ingest._handle)
             queued = np.fromiter(map(sched.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
             wait = np.empty(n, dtype=np.int64)
-            wait[order] = ((2 * queued + 1) * sched.half_place_ns)[group]
+            wait[order] = np.where(queued > 0, (2 * queued + 1) * sched.half_place_ns, 0)[group]  # empty: none
             late = stale | ((t_recv - origin) > self.max_age_ns - wait)
         if sched.deadline_admission and late.any():
             applied = ~late[order]

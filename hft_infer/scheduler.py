@@ -50,7 +50,9 @@ passes max_age: it would be stale when picked, stepped for nothing but its
 row. With `queued` events ahead of it, it is picked between queued and
 queued + 1 batch places from now (the next batch may form at once), so the
 expected wait is (queued + 1/2) places of `place_ns` = period x rounds
-(`half_place_ns` keeps it in integers). On the H200 host (lstm_a, BENCHMARKS.md
+(`half_place_ns` keeps it in integers). An event for an empty queue is shed
+LATE only when it is already stale: batches must keep forming for the pace to
+be measured at all. On the H200 host (lstm_a, BENCHMARKS.md
 wave 12) counting the whole last place (134d8e3) decided fewer over EventBatch
 frames under overload, where a place is longest; counting none (before 134d8e3)
 left 90-110k of 400k events stale when picked at 100k events/s in single-event
@@ -527,10 +529,14 @@ class Scheduler:
         """Deadline admission: the period between batches while backlogged (a batch formed
         when some slot held more than one event is followed by the next as soon as the
         engine takes one), and the depth it allows (module docstring). Periods measured
-        without a backlog say how often events arrive, not how fast they are stepped."""
-        if self._backlogged:
-            sample = now_ns - self._t_last_batch
-            p = self.step_period_ns
+        without a backlog say how often events arrive, not how fast they are stepped, except
+        that one shorter than the estimate shows the estimate too long (after a stall made it
+        so, admit_depth may be 1, and no slot can then be backlogged to correct it)."""
+        p = self.step_period_ns
+        sample = now_ns - self._t_last_batch
+        # a period without a backlog is an upper bound of the pace (the service kept up with it):
+        # it may only pull an estimate down, so one stall cannot leave admission tight for good
+        if self._backlogged or 0 < sample < p:
             self.step_period_ns = sample if p == 0 else p + (sample - p) // 8
         self._backlogged = backlogged
         self._t_last_batch = now_ns

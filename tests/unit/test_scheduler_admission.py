@@ -177,3 +177,23 @@ def test_taking_every_queued_slot_at_once_picks_as_the_pick_loop(seed):
         assert batches[0] == batches[1]
         assert _state(pair[0]) == _state(pair[1])
     assert sum(1 for n in taken if n) > 10 and 0 in taken  # both ways taken
+
+
+def test_a_stall_does_not_leave_admission_tight():
+    """One 20 ms gap between two backlogged batches stretches the period estimate past the whole
+    deadline (depth 1: no slot can then hold two events, so no batch is backlogged again). Batches
+    formed faster than the estimate without a backlog pull it back down: depth recovers."""
+    s = make(8, max_age_us=1000)
+    backlog(s, 8, 40, T0)
+    now = steps_every(s, 100, 30)
+    assert s.admit_depth == 8
+    now = steps_every(s, 20_000, 1, start=now)  # the stall, still backlogged
+    assert s.admit_depth == 1 and s.step_period_ns > 1000 * US
+    while s.queued_slots:  # what was queued drains, one event per slot a batch
+        now = steps_every(s, 100, 1, start=now)
+    for _ in range(60):  # light load: one event per slot, a batch every 100 us, never backlogged
+        now += 100 * US
+        for slot in range(8):
+            assert push(s, slot, now) != NO_REQUEST
+        step(s, now)
+    assert s.step_period_ns < 150 * US and s.admit_depth >= 5
