@@ -216,7 +216,7 @@ class SchedulerConfig(_Section):
     max_pending_per_instrument: Annotated[int, Meta(ge=1)] = 64
     """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL)."""
     admission: Literal["deadline", "depth"] = "deadline"
-    """Stateful models: deadline: an instrument queues no more events than the service steps within max_age_us at its measured pace (the rest shed QUEUE_FULL, unapplied), so overload cannot make every queued event stale; depth: up to max_pending_per_instrument however long they wait (every row applied, decisions go stale under overload)."""
+    """Stateful models: deadline: an instrument queues no more events than the service steps within max_age_us at its measured pace (the rest shed QUEUE_FULL) and an event its queue would make stale is shed LATE, both unapplied, so overload cannot make every queued event stale; depth: up to max_pending_per_instrument however long they wait (every row applied, decisions go stale under overload)."""
 
     def __post_init__(self) -> None:
         if self.default_class >= self.classes:

@@ -40,7 +40,8 @@ the loop takes its position and appends push's arguments, and the chunk goes to 
 in one `Scheduler.push_many` call before its rows are written (no room -> QUEUE_FULL, its row
 NOT written and its position given back, so the model's state never has a hole it does not
 know about: push_many says why a refused event's position is free to give back). A stale one
-(already past max_age when read) is shed LATE at once, unapplied and taking no position, under
+(past max_age when read, or by its turn given its queue: Scheduler.queue_wait_ns) is shed LATE
+at once, unapplied and taking no position, under
 `scheduler.admission = "deadline"` (the default: a service behind its feed catches up by
 reading, not by stepping rows whose decisions it would withhold); under "depth" it is queued
 apply-only (stepped, decision withheld).
@@ -291,7 +292,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         sched = self.sched
         sequential = sched.sequential
         drop_late = sched.deadline_admission
-        half_place = sched.half_place_ns if sequential else 0
+        place = sched.place_ns if sequential else 0  # Scheduler.queue_wait_ns, inlined below
         s_len = sched.s_len if sequential else None
         p_append = self._p_events.append
         max_age = self.max_age_ns
@@ -353,8 +354,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                     origin = t_recv
                 stale = t_recv - origin > max_age
                 # deadline admission: stale when its turn would come -> not applied, no position taken
-                if drop_late and (stale or (half_place and s_len[slot] and
-                                            t_recv - origin > max_age - (2 * s_len[slot] + 1) * half_place)):
+                if drop_late and (stale or (place and s_len[slot] and
+                                            t_recv - origin > max_age - s_len[slot] * place - (place >> 1))):
                     self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                     continue
             pos = count[slot]
@@ -437,9 +438,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            queued = sched.s_len[slot]
-            if sched.deadline_admission and (stale or (queued and t_recv - origin > self.max_age_ns - (2 * queued + 1)
-                                                       * sched.half_place_ns)):  # as in _handle
+            if sched.deadline_admission and (stale or t_recv - origin > self.max_age_ns - sched.queue_wait_ns(slot)):
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:

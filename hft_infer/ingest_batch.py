@@ -303,10 +303,9 @@ class EventBatchPaths:
         applied = None  # slot-sorted: the events that will take a position (None: all)
         n_applied = ends - starts
         late = stale
-        if sched.deadline_admission and sched.half_place_ns:  # stale when its turn would come (as Ingest._handle)
-            queued = np.fromiter(map(sched.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+        if sched.deadline_admission and sched.place_ns:  # stale when its turn would come (as Ingest._handle)
             wait = np.empty(n, dtype=np.int64)
-            wait[order] = np.where(queued > 0, (2 * queued + 1) * sched.half_place_ns, 0)[group]  # empty: none
+            wait[order] = np.fromiter(map(sched.queue_wait_ns, uniq), dtype=np.int64, count=len(uniq))[group]
             late = stale | ((t_recv - origin) > self.max_age_ns - wait)
         if sched.deadline_admission and late.any():
             applied = ~late[order]
@@ -344,11 +343,12 @@ class EventBatchPaths:
             last_seq[slot] = q
         if len(ok) < n:  # received, not applied; answered as the per-frame path does (past capacity: many):
             # the LATE ones in feed order as it reads them, then the QUEUE_FULL ones push_many refused
-            late = late & ~in_feed if applied is not None else None
-            for reason, out in ((LATE, late), (QUEUE_FULL, ~in_feed if late is None else ~in_feed & ~late)):
-                if out is None or not out.any():
+            refused = ~in_feed  # a LATE event is never kept
+            sheds = ((QUEUE_FULL, refused),) if applied is None else ((LATE, late), (QUEUE_FULL, refused & ~late))
+            for reason, mask in sheds:
+                out = np.flatnonzero(mask)
+                if not len(out):
                     continue
-                out = np.flatnonzero(out)
                 self.acct.shed_some(reason, len(out))
                 if self.publish_shed:
                     ids = self.ids

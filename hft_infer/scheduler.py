@@ -36,34 +36,33 @@ conflation the ingest also conflates within each burst it reads: only an
 instrument's newest event of the burst is pushed, with `superseded` = the
 older ones, which this scheduler counts as conflated like its own.
 
-Admission (sequential models, `admission = "deadline"`, the default): a slot
-queues at most `admit_depth` events, the number the service steps within the
-deadline at its measured pace. A batch takes one event per slot, so an event
-queued behind k others is picked about k + 1 batches later (more when more
-slots are queued than a batch holds); `step_period_ns` is the period between
-batches while some slot is backlogged (an EWMA, measured in form_batch), and
-admit_depth = 7/8 max_age / (period x rounds), at least 1, at most
-max_pending_per_instrument. An event beyond it is refused like one beyond
-max_pending (QUEUE_FULL: not applied, position not taken). The ingest also
-sheds LATE (unapplied) an event whose age on arrival plus its expected wait
-passes max_age: it would be stale when picked, stepped for nothing but its
-row. With `queued` events ahead of it, it is picked between queued and
-queued + 1 batch places from now (the next batch may form at once), so the
-expected wait is (queued + 1/2) places of `place_ns` = period x rounds
-(`half_place_ns` keeps it in integers). An event for an empty queue is shed
-LATE only when it is already stale: batches must keep forming for the pace to
-be measured at all. On the H200 host (lstm_a, BENCHMARKS.md
-wave 12) counting the whole last place (134d8e3) decided fewer over EventBatch
-frames under overload, where a place is longest; counting none (before 134d8e3)
-left 90-110k of 400k events stale when picked at 100k events/s in single-event
-frames. Without it, a
-stateful model offered more rows than it can step fills every queue to
-max_pending: at 64 deep that is ~90 ms of rows on the dev VM, every row is
-stale when picked, it is stepped and its decision withheld, and the service
-decides almost nothing however fast it steps (measured: 49,555 of 300,000
-decided at 3x capacity, of 230k rows stepped). `depth` keeps that behaviour
-(every admitted row applied, up to max_pending) for users who want the state
-exact at any load.
+Admission (sequential models). Without a bound in time, a stateful model
+offered more rows than it can step fills every queue to max_pending: at 64
+deep that is ~90 ms of rows on the dev VM, every row is stale when picked, it
+is stepped and its decision withheld, and the service decides almost nothing
+however fast it steps (measured: 49,555 of 300,000 decided at 3x capacity, of
+230k rows stepped). That is `admission = "depth"`, kept for users who want
+every admitted row applied at any load. Under `"deadline"` (the default):
+
+- a slot queues at most `admit_depth` events, the number the service steps
+  within the deadline at its measured pace. A batch takes one event per slot,
+  so an event behind k others is picked k to k + 1 batches later, `rounds`
+  times that when more slots are queued than a batch holds. `place_ns` =
+  period x rounds is the wait one queue place means, with `step_period_ns` the
+  period between batches while some slot is backlogged (an EWMA kept by
+  `_pace`; a shorter period without a backlog may also pull it down), and
+  admit_depth = 7/8 max_age / place_ns, at least 1, at most max_pending. An
+  event beyond it is refused like one beyond max_pending (QUEUE_FULL: not
+  applied, position not taken).
+- the ingest sheds LATE (unapplied) an event whose age on arrival plus
+  `queue_wait_ns(slot)`, the expected wait of (queued + 1/2) places, passes
+  max_age: it would be stale when picked, stepped for nothing but its row. An
+  event for an empty queue waits none by that measure (it is LATE only when
+  already stale): batches must keep forming for the pace to be measured at
+  all. On the H200 host (lstm_a, BENCHMARKS.md wave 12) counting the whole last
+  place (134d8e3) decided fewer over EventBatch frames under overload, where a
+  place is longest; counting none (before 134d8e3) left 90-110k of 400k events
+  stale when picked at 100k events/s in single-event frames.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
@@ -179,13 +178,11 @@ class Scheduler:
         self.s_enq_ns = [0] * n_slots  # aging base of the slot's FIFO entry
         self.s_rid = [NO_REQUEST] * n_slots  # conflating: the one pending request
         self.max_pending = cfg.max_pending_per_instrument
-        self.fast_pick = True  # sequential: _take_every_slot when every queued slot fits (tests turn it off)
         # admission (module docstring): events a slot may queue, and the pace that sets it
         self.admit_depth = self.max_pending
         self.deadline_admission = sequential and cfg.admission == "deadline"
         self.step_period_ns = 0
         self.place_ns = 0  # the wait one place in a slot's queue means: period x rounds (0: not measured)
-        self.half_place_ns = 0
         self._admit_budget_ns = self.max_age_ns * 7 // 8
         self._t_last_batch = 0
         self._backlogged = False
@@ -411,7 +408,7 @@ class Scheduler:
         if not force and self.batch_due_ns(now_ns) != 0:
             return 0
         queued_before = self.queued_slots
-        if self.sequential and queued_before <= self.max_batch and self.fast_pick:
+        if self.sequential and queued_before <= self.max_batch:
             n = self._take_every_slot(now_ns)
             if n:
                 if self.deadline_admission:
@@ -544,9 +541,14 @@ class Scheduler:
         if p > 0:
             rounds = -(-queued_before // self.max_batch)  # batches between two picks of one slot
             self.place_ns = p * rounds
-            self.half_place_ns = self.place_ns // 2
             depth = self._admit_budget_ns // self.place_ns
             self.admit_depth = 1 if depth < 1 else (depth if depth < self.max_pending else self.max_pending)
+
+    def queue_wait_ns(self, slot: int) -> int:
+        """Deadline admission: the expected wait of an event joining `slot`'s queue, (queued + 1/2)
+        places; none for an empty queue (module docstring). Ingest._handle inlines it per event."""
+        queued = self.s_len[slot]
+        return queued * self.place_ns + (self.place_ns >> 1) if queued else 0
 
     def release(self, rid: int) -> None:
         """Return a request id to the free list once its outcome is published."""

@@ -260,7 +260,7 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
     rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
     try:
         one_by_one(rig, [quote(0, 0, 1.0), quote(0, 1, 2.0)])  # two queued on slot 0
-        rig.sched.place_ns, rig.sched.half_place_ns = 2_000_000, 1_000_000
+        rig.sched.place_ns = 2_000_000
         aged = time.time_ns() - 6_000_000
         events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, 34)]
         if how == "event_batch":

@@ -155,7 +155,7 @@ def test_taking_every_queued_slot_at_once_picks_as_the_pick_loop(seed):
                           max_pending_per_instrument=8)
     pair = [Scheduler(cfg, n_slots, sequential=True, conflate=False, class_by_slot_kind=[[0] * n_slots] * 2)
             for _ in range(2)]
-    pair[1].fast_pick = False
+    pair[1]._take_every_slot = lambda now_ns: 0  # "out of key order": the pick loop decides every batch
     taken = []  # what each _take_every_slot call returned (0: the pick loop decided)
     take = pair[0]._take_every_slot
     pair[0]._take_every_slot = lambda now_ns: taken.append(take(now_ns)) or taken[-1]
