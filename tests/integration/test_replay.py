@@ -151,11 +151,13 @@ def test_a_stateful_model_in_event_batches_verifies_every_event_against_a_runnin
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == 4000
 
 
-@pytest.mark.parametrize("max_pending, max_age_us", [(4, 600_000_000), (64, 2000)])
+@pytest.mark.parametrize("max_pending, max_age_us", [(4, 600_000_000), (64, 50_000)])
 def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tmp_path, max_pending, max_age_us):
     """The same flood where instruments queue at most 4 events (most shed QUEUE_FULL at ingest), or
-    with a 2 ms deadline (deadline admission: the queue as deep as the pace allows, and events read
-    past the deadline shed LATE): the unapplied events' rows never reach the state. The decided ones
+    at most 64 with a 50 ms deadline (deadline admission: the queue as deep as the pace allows, and
+    events read past the deadline, or that their queue would make so, shed LATE; a 2 ms deadline
+    left none decided when the pacer ran late on the 2-core VM): the unapplied events' rows never
+    reach the state. The decided ones
     were scored on the rows applied, and verify leaves the unapplied events out of its history the
     same way; taking them in would change every later score of their instrument."""
     summary, final = _replay_stream_lstm(tmp_path, max_pending, max_age_us)
@@ -185,6 +187,20 @@ def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batc
     assert r.returncode == 0, r.stderr + r.stdout
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] > 0
     assert summary["accounting"]["lost"] == 0 and final.received == 20000
+
+
+def test_verify_leaves_out_the_events_a_sequential_service_did_not_apply():
+    """QUEUE_FULL and LATE sheds took no row (ingest); STALE ones and the decided were applied."""
+    from hft_infer.app.verify import applied_events
+
+    events = generate(40, SyntheticConfig(instruments=2, seed=3))
+    shed = {3: Reason.QUEUE_FULL, 7: Reason.LATE, 11: Reason.STALE}
+    answers = [Decision(int(e["instrument"]), int(e["seq"]), 1 if k in shed else 0, int(shed.get(k, 0)), 0, 0.0, 0,
+                        0, 0, 0) for k, e in enumerate(events)]
+    kept = applied_events(answers, events)
+    assert len(kept) == 38
+    assert {(int(e["instrument"]), int(e["seq"])) for e in kept} == {
+        (int(e["instrument"]), int(e["seq"])) for k, e in enumerate(events) if k not in (3, 7)}
 
 
 def test_verify_detects_a_perturbed_decision():
