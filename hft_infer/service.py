@@ -319,8 +319,9 @@ class Service:
                 if stages.pressure():  # a buffer is filling: fold a bounded chunk even when busy
                     stages.fold_some()
                 continue
-            # idle: fold one stage, once it holds a chunk's worth (each fold's cost is mostly fixed)
-            if not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
+            # idle: fold one stage, once it holds a chunk's worth (each fold's cost is mostly fixed),
+            # but not while a step is in flight: a fold (~40-300 µs) would delay collecting it
+            if not step.inflight and not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
             if step.inflight or mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns):
                 if now - last_yield >= yield_ns:

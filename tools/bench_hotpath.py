@@ -245,16 +245,85 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
     return statistics.median(out)
 
 
-def low_rate_cycle(rig: Rig, frames, idle_us: float = 100.0) -> dict[str, list[int]]:
+class _PartTimer:
+    """Times calls of chosen methods of the service's own objects, by wrapping each on its
+    instance (the wrapper's own cost, ~0.1-0.3 µs a call, lands in the part it wraps): what the
+    parts of one phase of `low_rate_cycle` cost, each phase's remainder being its glue."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, int] = {}
+        self._undo: list[tuple[object, str]] = []
+
+    def wrap(self, obj, attr: str, part: str) -> None:
+        fn = getattr(obj, attr)
+        spent, pc = self.spent, time.perf_counter_ns
+        spent[part] = 0
+
+        def timed(*args, **kwargs):
+            t = pc()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[part] += pc() - t
+
+        setattr(obj, attr, timed)
+        self._undo.append((obj, attr))
+
+    def take(self) -> dict[str, int]:
+        got = dict(self.spent)
+        for k in self.spent:
+            self.spent[k] = 0
+        return got
+
+    def restore(self) -> None:
+        for obj, attr in reversed(self._undo):
+            delattr(obj, attr)  # the class's method shows through again
+        self._undo.clear()
+
+
+# the parts of a phase that `low_rate_cycle(..., parts=True)` times: (phase, object path, method, part)
+_CYCLE_PARTS = (
+    ("ingest", "ingest", "_decode", "decode"),
+    ("ingest", "ingest", "_handle_one", "checks, row, push"),
+    ("submit", "sched", "form_batch", "form batch"),
+    ("submit", "engine", "submit", "engine.submit"),
+    ("submit", "engine.staging", "gather", "gather rows"),
+    ("submit", "engine._gather", "gather", "gather rows"),
+    ("complete", "engine", "collect", "engine.collect"),
+    ("flush", "egress", "batch_bytes", "pack frame"),
+    ("flush", "egress", "_send", "send"),
+)
+
+
+def _resolve(svc, path: str):
+    obj = svc
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def low_rate_cycle(rig: Rig, frames, idle_us: float = 100.0, parts: bool = False) -> dict[str, list[int]]:
     """One event per loop cycle, as at low rates: run the loop's idle path (an ingest poll,
     engine.poll, housekeeping, as Service._loop does) for `idle_us`, send a frame, idle on until the
     iteration that reads it, then submit, wait for the device, complete and flush, each timed on
-    the wall clock (ns). What one event costs the loop when nothing is batched with it."""
+    the wall clock (ns). What one event costs the loop when nothing is batched with it.
+    `parts`: also time the parts in _CYCLE_PARTS (keys "phase: part"; a phase's whole then
+    includes the wrappers' cost: compare parts within one run, wholes without `parts`)."""
     svc = rig.svc
     step, engine, sched = svc.step, svc.engine, svc.sched
     send, more = rig.pub.send, int(zmq.SNDMORE)
     pc = time.perf_counter_ns
-    out: dict[str, list[int]] = {k: [] for k in ("ingest", "submit", "device", "complete", "flush", "loop")}
+    phases = ("ingest", "submit", "device", "complete", "flush", "loop")
+    out: dict[str, list[int]] = {k: [] for k in phases}
+    timer = _PartTimer()
+    if parts:
+        for phase, path, attr, part in _CYCLE_PARTS:
+            obj = _resolve(svc, path)
+            if obj is not None and f"{phase}: {part}" not in timer.spent:
+                timer.wrap(obj, attr, f"{phase}: {part}")
+        out.update({k: [] for k in timer.spent})
     idle_ns = int(idle_us * 1000)
 
     def idle_iteration(t0: int) -> int:
@@ -264,33 +333,39 @@ def low_rate_cycle(rig: Rig, frames, idle_us: float = 100.0) -> dict[str, list[i
             svc._housekeeping(t0)
         return n
 
-    for topic, payload in frames:
-        t_idle = pc()
-        while pc() - t_idle < idle_ns:  # the idle loop, nothing to read
-            idle_iteration(pc())
-        send(topic, more)
-        send(payload)
-        while True:  # until the iteration that reads the frame
-            t0 = pc()
-            n = idle_iteration(t0)
-            t1 = pc()
-            if n:
-                break
-        if not (engine.can_submit and sched.queued_slots):
-            continue  # rejected or conflated into a queued request: nothing to step
-        step.submit()  # a CPU engine steps here (and step.submit completes it at once)
-        t2 = pc()
-        while step.inflight and not engine.poll():
-            pass
-        t3 = pc()
-        if step.inflight:
-            step.complete()
-        t4 = pc()
-        step.flush()
-        t5 = pc()
-        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
-            out[k].append(v)
-        svc.stages.fold_one(svc.stages.IDLE_FOLD_MIN)
+    try:
+        for topic, payload in frames:
+            t_idle = pc()
+            while pc() - t_idle < idle_ns:  # the idle loop, nothing to read
+                idle_iteration(pc())
+            send(topic, more)
+            send(payload)
+            timer.take()
+            while True:  # until the iteration that reads the frame
+                t0 = pc()
+                n = idle_iteration(t0)
+                t1 = pc()
+                if n:
+                    break
+            if not (engine.can_submit and sched.queued_slots):
+                continue  # rejected or conflated into a queued request: nothing to step
+            step.submit()  # a CPU engine steps here (and step.submit completes it at once)
+            t2 = pc()
+            while step.inflight and not engine.poll():
+                pass
+            t3 = pc()
+            if step.inflight:
+                step.complete()
+            t4 = pc()
+            step.flush()
+            t5 = pc()
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)):
+                out[k].append(v)
+            for k, v in timer.take().items():
+                out[k].append(v)
+            svc.stages.fold_one(svc.stages.IDLE_FOLD_MIN)
+    finally:
+        timer.restore()
     return out
 
 
@@ -410,10 +485,26 @@ def main() -> None:
                     help="also measure the ingest of git REF (e.g. main; or a folder: see above), interleaved")
     ap.add_argument("--low-rate", type=int, default=2000, metavar="N",
                     help="events sent one per loop cycle after >= 100 µs of idle loop (0: skip those rows)")
+    ap.add_argument("--only-low-rate", action="store_true",
+                    help="only the one-event-per-cycle rows (with --cycle-parts: and their parts)")
+    ap.add_argument("--cycle-parts", action="store_true",
+                    help="also time the parts of each phase of the one-event cycle (a second pass, wrapped)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
     base_cls = load_baseline(a.baseline) if a.baseline else None
+    if not a.only_low_rate:
+        rows += burst_rows(a, base_cls)
+    rows += low_rate_rows(a)
+    print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
+    if a.json:
+        write_json(a.json, {"n": a.n, "baseline": a.baseline,
+                            "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
+
+
+def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
+    """Ingest in bursts and EventBatch frames, its parts, publish, the idle iteration and a fold."""
+    rows: list[tuple[str, float, str]] = []
     frames = quotes(a.n)
     stale = quotes(a.n, ts_send_ns=1)
     for name, overrides, feed in (("conflating (default mlp_small), fresh", [], frames),
@@ -461,23 +552,32 @@ def main() -> None:
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]
+    return rows
+
+
+def low_rate_rows(a) -> list[tuple[str, float, str]]:
+    """One event per loop cycle (--low-rate N events), each phase's p50 (p90 in the name), and with
+    --cycle-parts a second pass with the parts of each phase timed."""
+    rows: list[tuple[str, float, str]] = []
+    if not a.low_rate:
+        return rows
     for name, overrides in (("default mlp_small, conflating", []),
                             ("lstm_a, sequential", ['model.preset="lstm_a"', 'model.mode="window"'])):
-        if not a.low_rate:
-            break
-        rig = Rig(overrides)
-        try:
-            got = low_rate_cycle(rig, quotes(a.low_rate))
-        finally:
-            rig.close()
-        for phase, v in got.items():
-            v = v[len(v) // 10:]  # the first tenth warms up
-            rows.append((f"one event per cycle, {name}, {phase} (p50; p90 {np.percentile(v, 90) / 1e3:,.1f} µs)",
-                         statistics.median(v) if v else float("nan"), "ns"))
-    print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
-    if a.json:
-        write_json(a.json, {"n": a.n, "baseline": a.baseline,
-                            "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
+        for parts in (False, True) if a.cycle_parts else (False,):
+            rig = Rig(overrides)
+            try:
+                got = low_rate_cycle(rig, quotes(a.low_rate), parts=parts)
+            finally:
+                rig.close()
+            label = f"one event per cycle{', parts timed' if parts else ''}, {name} [{rig.svc.engine.name}]"
+            for phase, v in got.items():
+                v = v[len(v) // 10:]  # the first tenth warms up
+                if not v:
+                    continue
+                rows.append((f"{label}, {phase} (p50; p90 {np.percentile(v, 90) / 1e3:,.1f} µs)",
+                             statistics.median(v), "ns"))
+    return rows
+
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave12b # LATE sheds too: lstm_a per-event frames at 100k and persistent/iceoryx2 at 100k alternated with the baseline, this tree's goodput, py-spy at 200k
 #   tools/gpu_session.sh wave12c           # landing check: GPU engine tests; lstm_a per-event 100k, persistent/iceoryx2 100k, goodput
 #   tools/gpu_session.sh wave12d           # the expected wait (queued + 1/2 places): GPU engine tests, lstm_a 100k per event, goodput
+#   BASE_TGZ=F tools/gpu_session.sh wave13 # one event per cycle: GPU tests, the cycle's parts and lstm_a at 10k, this tree and the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -645,6 +646,24 @@ elif [ "$phase" = wave12d ]; then
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
   summarize
   verbatim gpu_tests new_g100k_1 overload_lstm_a
+elif [ "$phase" = wave13 ]; then
+  # the one-event cycle (answers as typed columns, a step of one answered from scalars, no fold while a
+  # step is in flight): the GPU engine tests and the answer tests, the cycle's phases and their parts
+  # (bench_hotpath --cycle-parts, this tool on both trees' packages, three cores as wave10c), then lstm_a
+  # at 10k with the floor, this tree and BASE_TGZ's alternated
+  setup_base
+  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/unit/test_stepper_answers.py tests/unit/test_egress_frame.py
+  step new_cycle 70 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
+       --json "$WORK/new_cycle.json"
+  step base_cycle 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
+       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --json "$WORK/base_cycle.json"
+  for k in 1 2; do
+    e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
+    e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
+  done
+  summarize
+  verbatim gpu_tests new_cycle base_cycle new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

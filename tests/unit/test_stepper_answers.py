@@ -1,0 +1,131 @@
+"""A finished step's answers and stage samples are the same whether the step held one request
+(Stepper._answer_one, the low-rate path) or many (Stepper._answer_step, columns), for decided and
+for stale rows; and the Answers columns the egress packs hold what was added, by every method."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from hft_infer.config import load_config
+from hft_infer.egress import Answers
+from hft_infer.service import Service
+from hft_infer.stepper import _Batch
+from hft_infer.transport.schema import Outcome, Reason
+
+N_SLOTS = 6
+
+
+@pytest.fixture
+def make_service(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
+    made = []
+
+    def make(*overrides: str) -> Service:
+        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
+                                 f"universe.instruments={N_SLOTS}", 'runner.engine="eager"',
+                                 f'service.name="stepper{len(made)}"', *overrides])
+        svc = Service(cfg)
+        svc.open_sockets(zmq.Context.instance())
+        svc.warm_up()
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()
+
+
+def _feed(svc: Service, slots: list[int]) -> None:
+    """A quote row for each slot (the same rows every run) and its request: seq, receive time and
+    send time chosen per slot, so that every answer column differs between slots."""
+    rng = np.random.default_rng(7)
+    for slot in slots:
+        book = (rng.random((10, 4)) * 10 + 100).astype(np.float32).tobytes()
+        for pos in range(svc.window):
+            svc.store.write_quote_at(slot, pos, book, 10)
+        svc.store.count[slot] = svc.window
+        recv = 1_000_000 + 1000 * slot
+        send = 0 if slot == 2 else 1_780_000_000_000_000_000 + slot  # slot 2: no send time (no wire sample)
+        svc.sched.push(slot, svc.window - 1, 100 + slot, 0, recv, recv, send)
+
+
+def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple], dict[str, list[int]], int]:
+    """Step the fed requests (batches as the scheduler forms them), answer them; returns the
+    answers and the queue and wire samples (ts_recv and wire less the service's clock offset:
+    each service reads its own) and the number of step samples."""
+    step = svc.step
+    while svc.sched.queued_slots:
+        n = svc.sched.form_batch(t_submit_at, force=True)
+        rids = svc.sched.batch_rids[:n]
+        s, p = svc.engine.request()
+        s[:n] = [svc.sched.r_slot[r] for r in rids]
+        p[:n] = [svc.sched.r_pos[r] for r in rids]
+        svc.engine.submit(n)
+        step.inflight.append(_Batch(rids, t_submit_at, 0))
+        step.complete(wait=True)
+    offset = svc.clock.offset_ns  # each service's own: ts_recv back on the perf_counter clock
+    answers = sorted(a[:8] + (a[8] - offset,) for a in zip(*svc.egress.answers.columns()))
+    bufs = svc.stages.buffers
+    samples = {"queue": sorted(bufs["queue"].values), "wire": sorted(w - offset for w in bufs["wire"].values)}
+    return answers, samples, len(bufs["step"].values)
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_step_of_one_answers_as_a_step_of_many(make_service, stale):
+    overrides = ['scheduler.conflate="off"'] + (["scheduler.max_age_us=1"] if stale else [])
+    slots = list(range(N_SLOTS))
+    one = make_service(*overrides, "scheduler.max_batch=1", "runner.buckets=[1]")
+    many = make_service(*overrides)
+    t_submit = 1_000_000 + 1000 * N_SLOTS + (10_000_000 if stale else 0)  # stale: 10 ms after receipt
+    for svc in (one, many):
+        _feed(svc, slots)
+    got_one, samples_one, steps_one = _run(one, slots, t_submit)
+    got_many, samples_many, steps_many = _run(many, slots, t_submit)
+    assert steps_one == N_SLOTS and steps_many < N_SLOTS  # the two paths ran
+    assert len(got_one) == len(got_many) == N_SLOTS
+    for a, b in zip(got_one, got_many):
+        assert a[:5] == b[:5] and a[6:] == b[6:]  # instrument, seq, status, reason, action; nconf, times
+        assert a[5] == pytest.approx(b[5], rel=1e-5, abs=1e-6)  # the score (batch 1 and 6 round alike)
+    assert {a[2] for a in got_one} == {int(Outcome.SHED if stale else Outcome.DECIDED)}
+    assert {a[3] for a in got_one} == {int(Reason.STALE) if stale else 0}
+    assert [a[8] for a in got_one] == [1_000_000 + 1000 * s for s in slots]  # ts_recv: epoch ns less the offset
+    assert samples_one == samples_many
+    if stale:  # a withheld decision records neither queue nor wire
+        assert samples_one["queue"] == samples_one["wire"] == []
+        assert one.acct.by_reason[int(Reason.STALE)] == many.acct.by_reason[int(Reason.STALE)] == N_SLOTS
+    else:
+        assert samples_one["queue"] == sorted(t_submit - (1_000_000 + 1000 * s) for s in slots)
+        sends = {s: 1_780_000_000_000_000_000 + s for s in slots if s != 2}  # slot 2 gave no send time
+        assert samples_one["wire"] == sorted(1_000_000 + 1000 * s - sends[s] for s in sends)
+        assert one.acct.decided == many.acct.decided == N_SLOTS
+
+
+def _rows(a: Answers) -> list[tuple]:
+    return list(zip(*a.columns()))
+
+
+def test_every_way_into_the_answer_columns_holds_the_same_values():
+    U32 = (1 << 32) - 1
+    rows = [(7, 2**64 - 1, 0, 0, -1, 0.25, 3, 2**63 - 1, 1_780_000_000_000_000_000),
+            (8, 0, 0, 0, 1, -1.5, U32 + 9, 0, 1)]  # n_conflated past uint32: saturated
+    expected = [r[:6] + (min(r[6], U32),) + r[7:] for r in rows]
+    one_by_one = Answers()
+    for r in rows:
+        one_by_one.add(*r)
+    assert _rows(one_by_one) == expected
+    decided = Answers()
+    cols = list(zip(*rows))
+    decided.add_decided(list(cols[0]), cols[1], cols[6], cols[7], list(cols[8]),
+                        np.array(cols[5], dtype=np.float32), np.array(cols[4], dtype=np.int64))
+    assert _rows(decided) == expected
+    by_columns = Answers()
+    by_columns.add_columns(*cols)
+    assert _rows(by_columns) == expected
+    shed = Answers()
+    shed.add_shed(list(cols[0]), list(cols[1]), int(Reason.LATE), list(cols[6]), list(cols[7]), list(cols[8]))
+    assert _rows(shed) == [(r[0], r[1], int(Outcome.SHED), int(Reason.LATE), 0, 0.0, r[6], r[7], r[8])
+                           for r in expected]
+    shed.clear()
+    assert len(shed) == 0 and all(len(c) == 0 for c in shed.columns())
