@@ -116,8 +116,9 @@ class Stepper:
         self.inflight.append(_Batch(rids, t, self.acct.received))
         self.acct.batches += 1
         self.last_batch = n
-        while self.inflight and self.engine.poll():  # a CPU engine is done already: answer now
-            self.complete()
+        if self.engine.done_at_submit:  # a CPU engine is done already: answer now
+            while self.inflight and self.engine.poll():
+                self.complete()
         return n
 
     def complete(self, wait: bool = False) -> None:

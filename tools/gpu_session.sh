@@ -29,6 +29,7 @@
 #   tools/gpu_session.sh wave12c           # landing check: GPU engine tests; lstm_a per-event 100k, persistent/iceoryx2 100k, goodput
 #   tools/gpu_session.sh wave12d           # the expected wait (queued + 1/2 places): GPU engine tests, lstm_a 100k per event, goodput
 #   BASE_TGZ=F tools/gpu_session.sh wave13 # one event per cycle: GPU tests, the cycle's parts and lstm_a at 10k, this tree and the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave13b # + the gather of a few entries as ring slices: GPU tests, cycle parts, lstm_a and default at 10k
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -664,6 +665,26 @@ elif [ "$phase" = wave13 ]; then
   done
   summarize
   verbatim gpu_tests new_cycle base_cycle new_g10k_1 base_g10k_1 new_g10k_2 base_g10k_2
+elif [ "$phase" = wave13b ]; then
+  # wave13 plus the gather of a batch of a few entries as ring slices (runner/staging.py) and no poll at
+  # submit for asynchronous engines: the GPU engine, persistent-kernel and gather tests, the cycle's parts
+  # on both trees, then lstm_a and the default model (mlp_small, graph) at 10k with the floor, alternated
+  setup_base
+  step gpu_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/kernels/test_kernel_persistent.py tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
+  step new_cycle 70 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
+       --json "$WORK/new_cycle.json"
+  step base_cycle 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
+       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --json "$WORK/base_cycle.json"
+  for k in 1 2; do
+    e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
+    e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
+    e2e_run new new_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
+    e2e_run base base_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
+  done
+  summarize
+  verbatim gpu_tests new_cycle base_cycle new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 new_g10k_2 base_g10k_2 \
+           new_d10k_2 base_d10k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

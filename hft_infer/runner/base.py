@@ -64,6 +64,9 @@ class Engine:
     # True when a step in flight still reads the host feature ring (the loop must then not
     # overwrite its rows: stepper.py); the GPU engines copy a step's rows at submit
     reads_ring_in_flight = False
+    # True when submit runs the step (poll is True at once): the stepper answers it within submit;
+    # an asynchronous engine's step is polled by the loop, not at submit (an event query, ~1-3 µs)
+    done_at_submit = True
 
     def __init__(self, buckets: list[int], sink_slot: int, *, stateful: bool, reason: str) -> None:
         self.bucket_map = BucketMap(buckets)

@@ -161,6 +161,8 @@ class KernelStep:
 
 
 class _GpuEngine(Engine):
+    done_at_submit = False
+
     def _host_array(self, n: int, dtype) -> np.ndarray:
         return _pinned((n,), {np.int64: torch.int64, np.float32: torch.float32}[dtype]).numpy()
 

@@ -38,15 +38,23 @@ __all__ = ["RowGather", "StepStaging"]
 
 class RowGather:
     """Each batch entry's rows out of the pinned host feature ring, into a caller's buffer
-    (numpy `take` into preallocated index scratch: nothing allocates per step)."""
+    (numpy `take` into preallocated index scratch: nothing allocates per step). A batch of at
+    most SLICES_MAX entries is copied entry by entry as slices of the ring instead: one or two
+    numpy assignments per entry against the take path's five to eight numpy calls, which cost
+    ~2-4 µs each on the H200 host with the caches cold from the idle loop (the take path gathered
+    mlp_small's 32-row window at batch 1 in 34 µs at the median there, lstm_a's one row in 10-13:
+    bench_hotpath --cycle-parts, docs/bench/h200-68bc6aa/)."""
+
+    SLICES_MAX = 4
 
     def __init__(self, ring_h: torch.Tensor, *, max_batch: int, rows_per_entry: int) -> None:
         n_slots, self.ring_len, self.width = ring_h.shape
         if rows_per_entry > self.ring_len:
             raise ValueError(f"{rows_per_entry} rows per entry do not fit the feature ring's {self.ring_len}")
         self.rows_per_entry = g = rows_per_entry
-        self._ring_flat = ring_h.numpy().reshape(n_slots * self.ring_len, self.width)  # a view
-        if not np.may_share_memory(self._ring_flat, ring_h.numpy()):
+        self._ring = ring_h.numpy()  # [n_slots, R, F], a view
+        self._ring_flat = self._ring.reshape(n_slots * self.ring_len, self.width)  # a view
+        if not np.may_share_memory(self._ring_flat, self._ring):
             raise ValueError("the feature ring must be contiguous (the gather reads it in place)")
         self._offsets = np.arange(-(g - 1), 1, dtype=np.int64)
         self._idx = np.zeros((max_batch, g), dtype=np.int64)
@@ -57,6 +65,9 @@ class RowGather:
         """out[b] (float32 [G, F]) <- rows positions[b]-G+1..positions[b] of slot slots[b],
         oldest first; rows before position 0 are zero rows."""
         b = len(slots)
+        if b <= self.SLICES_MAX:
+            self._gather_slices(slots.tolist(), positions.tolist(), out)
+            return
         r = self.ring_len
         if self.rows_per_entry == 1:
             idx = self._idx[:b, 0]
@@ -71,6 +82,33 @@ class RowGather:
         np.take(self._ring_flat, idx, axis=0, out=out, mode="clip")
         if missing is not None:
             out[missing] = 0.0
+
+    def _gather_slices(self, slots: list[int], positions: list[int], out: np.ndarray) -> None:
+        """`gather` for a few entries, exactly as the take path: each entry's G rows are one slice
+        of its slot's ring, or two where they wrap past its end; rows before position 0 are zeros,
+        and the rows from 0 to a position below G - 1 never wrap (G <= the ring's length). One row
+        per entry is the ring's row at the position modulo its length, whatever its sign."""
+        ring, r, g = self._ring, self.ring_len, self.rows_per_entry
+        for k, (slot, pos) in enumerate(zip(slots, positions)):
+            dst = out[k]
+            if g == 1:
+                dst[0] = ring[slot, pos % r]
+                continue
+            lo = pos - g + 1
+            if lo < 0:
+                if pos < 0:
+                    dst[:] = 0.0
+                    continue
+                dst[:-lo] = 0.0
+                dst[-lo:] = ring[slot, :pos + 1]
+                continue
+            start = lo % r
+            end = start + g
+            if end <= r:
+                dst[:] = ring[slot, start:end]
+            else:
+                dst[:r - start] = ring[slot, start:]
+                dst[r - start:] = ring[slot, :end - r]
 
     def address(self) -> int:
         return int(self._ring_flat.ctypes.data)

@@ -22,6 +22,7 @@ from hft_infer.runner.base import Engine, EngineFailure
 class WorkerEngine(Engine):
     max_inflight = 1
     reads_ring_in_flight = True  # the worker reads the ring while the loop ingests
+    done_at_submit = False
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
