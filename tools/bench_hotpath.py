@@ -489,6 +489,8 @@ def main() -> None:
                     help="only the one-event-per-cycle rows (with --cycle-parts: and their parts)")
     ap.add_argument("--cycle-parts", action="store_true",
                     help="also time the parts of each phase of the one-event cycle (a second pass, wrapped)")
+    ap.add_argument("--engine", default="auto", choices=("auto", "eager", "graph", "persistent"),
+                    help="runner.engine of the one-event cycle rows (default: auto, what the service picks)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
@@ -564,7 +566,7 @@ def low_rate_rows(a) -> list[tuple[str, float, str]]:
     for name, overrides in (("default mlp_small, conflating", []),
                             ("lstm_a, sequential", ['model.preset="lstm_a"', 'model.mode="window"'])):
         for parts in (False, True) if a.cycle_parts else (False,):
-            rig = Rig(overrides)
+            rig = Rig([*overrides, f'runner.engine="{a.engine}"'])
             try:
                 got = low_rate_cycle(rig, quotes(a.low_rate), parts=parts)
             finally:

@@ -30,6 +30,7 @@
 #   tools/gpu_session.sh wave12d           # the expected wait (queued + 1/2 places): GPU engine tests, lstm_a 100k per event, goodput
 #   BASE_TGZ=F tools/gpu_session.sh wave13 # one event per cycle: GPU tests, the cycle's parts and lstm_a at 10k, this tree and the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave13b # + the gather of a few entries as ring slices: GPU tests, cycle parts, lstm_a and default at 10k
+#   BASE_TGZ=F tools/gpu_session.sh wave13c # the persistent engine's one-event cycle by parts, lstm_a persistent over iceoryx2 at 10k and graph per event at 100k, beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -685,6 +686,27 @@ elif [ "$phase" = wave13b ]; then
   summarize
   verbatim gpu_tests new_cycle base_cycle new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 new_g10k_2 base_g10k_2 \
            new_d10k_2 base_d10k_2
+elif [ "$phase" = wave13c ]; then
+  # issue 19's path at low rates: the persistent engine's one-event cycle by parts (this tool on both trees),
+  # lstm_a on the persistent engine over iceoryx2 at 10k (wave 10: service p50 202 / p99 316 µs, slower than
+  # graph over ZeroMQ), this tree and BASE_TGZ's alternated; then lstm_a one event per frame at 100k, one run
+  # each (the answer columns changed: no loss of throughput?)
+  setup_base
+  step new_cycle_p 80 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
+       --engine persistent --json "$WORK/new_cycle_p.json"
+  step base_cycle_p 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
+       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --engine persistent \
+       --json "$WORK/base_cycle_p.json"
+  for k in 1 2; do
+    e2e_run new new_p10k_shm_$k 10000 -c configs/gpu.toml --transport iceoryx2 --set 'runner.engine="persistent"'
+    e2e_run base base_p10k_shm_$k 10000 -c "$PWD/configs/gpu.toml" --transport iceoryx2 \
+            --set 'runner.engine="persistent"'
+  done
+  bench new_g100k 45 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
+  step base_g100k 45 "$base/py" -m hft_infer bench -c "$PWD/configs/gpu.toml" --rate 100000 --duration 3 --warmup 1 \
+       --quiet --json "$WORK/base_g100k.json" --run-dir "$WORK/runs/base_g100k"
+  summarize
+  verbatim new_cycle_p base_cycle_p new_p10k_shm_1 base_p10k_shm_1 new_p10k_shm_2 base_p10k_shm_2 new_g100k base_g100k
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
