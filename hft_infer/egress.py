@@ -116,14 +116,14 @@ class Answers:
         self.ts_send.append(ts_send)
         self.ts_recv.append(ts_recv)
 
-    def add_shed(self, inst: list[int], seq: list[int], reason: int, nconf: list[int] | None, ts_send: list[int],
-                 ts_recv: list[int]) -> None:
-        """Shed answers of one reason as columns (equal-length lists; nconf None: none conflated).
+    def add_shed(self, inst, seq, reason: int, nconf, ts_send, ts_recv) -> None:
+        """Shed answers of one reason as columns: equal-length lists, or integer numpy arrays (a
+        column run's sheds: taken as bytes in the column's type); nconf None: none conflated.
         Under overload most answers are sheds: a column at a time costs ~10x less per answer
         than `add`."""
         n = len(inst)
-        self.inst.fromlist(inst)
-        self.seq.fromlist(seq)
+        _fill(self.inst, inst)
+        _fill(self.seq, seq)
         self.status.frombytes(_SHED_BYTE * n)
         self.reason.frombytes(bytes((reason,)) * n)
         self.action.frombytes(bytes(n))
@@ -132,8 +132,8 @@ class Answers:
             self.nconf.frombytes(bytes(4 * n))
         else:
             self.extend_nconf(nconf)
-        self.ts_send.fromlist(ts_send)
-        self.ts_recv.fromlist(ts_recv)
+        _fill(self.ts_send, ts_send)
+        _fill(self.ts_recv, ts_recv)
 
     def add_decided(self, inst: list[int], seq, nconf, ts_send, ts_recv, scores: np.ndarray,
                     actions: np.ndarray) -> None:

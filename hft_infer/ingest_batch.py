@@ -69,6 +69,7 @@ class EventBatchPaths:
 
     def _init_batches(self) -> None:
         ids = np.asarray(self.ids, dtype=np.int64)
+        self._ids_np = ids  # slot -> instrument id (a column run's shed answers, as numpy)
         order = np.argsort(ids, kind="stable")
         self._ids_sorted = ids[order]
         self._slot_by_sorted = order.astype(np.int64)
@@ -350,10 +351,9 @@ class EventBatchPaths:
                 if not len(out):
                     continue
                 self.acct.shed_some(reason, len(out))
-                if self.publish_shed:
-                    ids = self.ids
-                    self.answers.add_shed([ids[s] for s in slots.take(out).tolist()], seq.take(out).tolist(), reason,
-                                          None, send.take(out).tolist(), (t_recv.take(out) + offset).tolist())
+                if self.publish_shed:  # as numpy columns: no Python int per answer (Answers takes their bytes)
+                    self.answers.add_shed(self._ids_np.take(slots.take(out)), seq.take(out), reason, None,
+                                          send.take(out), t_recv.take(out) + offset)
         return True
 
     def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before, applied=None) -> None:

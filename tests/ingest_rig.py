@@ -37,7 +37,9 @@ class IngestRig:
     def __init__(self, *, instruments: int = 16, levels: int = 10, max_levels: int = 10, conflate: bool = True,
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
                  depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None,
-                 rows_read: int = 0, admission: str = "deadline") -> None:
+                 rows_read: int = 0, admission: str = "deadline", first_id: int = 0) -> None:
+        """`first_id`: the universe's instrument ids are first_id, first_id + 1, ... (slot + first_id:
+        0, the default, makes ids and slots equal, which hides a slot answered as an id)."""
         self.ctx = zmq.Context.instance()
         ep = f"inproc://ingest-rig-{next(_ids)}"
         self.pull = self.ctx.socket(zmq.PULL)
@@ -54,7 +56,8 @@ class IngestRig:
         self.answers = Answers()
         self.resets: list[list[int]] = []
         self.ingest = Ingest(
-            self.pull, instrument_ids=list(range(instruments)), store=self.store, sched=self.sched, acct=self.acct,
+            self.pull, instrument_ids=list(range(first_id, first_id + instruments)), store=self.store,
+            sched=self.sched, acct=self.acct,
             answers=self.answers, clock=EpochClock(), topic_frame=topic_frame, max_frame_bytes=max_frame_bytes,
             max_levels=max_levels, model_levels=levels, max_age_us=max_age_us, class_by_slot_kind=table,
             honour_message_priority=True, classes=4, publish_shed=True, publish_rejected=True,

@@ -529,7 +529,10 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
                                 ("conflating (default mlp_small), stale", [], 1),
                                 ("sequential (conflate off)", ['scheduler.conflate="off"',
                                                                "scheduler.max_pending_per_instrument=4096",
-                                                               "scheduler.capacity=262144"], 0)):
+                                                               "scheduler.capacity=262144"], 0),
+                                ("sequential, stale (each event shed LATE, answered)", ['scheduler.conflate="off"',
+                                                                                        "scheduler.capacity=262144"],
+                                 1)):
         rigs = [Rig(overrides + ["ingest.max_drain=64"])]
         if base_cls:
             rigs.append(Rig(overrides + ["ingest.max_drain=64"], base_cls))

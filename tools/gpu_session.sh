@@ -31,6 +31,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave13 # one event per cycle: GPU tests, the cycle's parts and lstm_a at 10k, this tree and the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave13b # + the gather of a few entries as ring slices: GPU tests, cycle parts, lstm_a and default at 10k
 #   BASE_TGZ=F tools/gpu_session.sh wave13c # the persistent engine's one-event cycle by parts, lstm_a persistent over iceoryx2 at 10k and graph per event at 100k, beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave13d # landing check: GPU engine tests; lstm_a past capacity over EventBatch (numpy shed answers) beside the baseline; hot path rows
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -707,6 +708,22 @@ elif [ "$phase" = wave13c ]; then
        --quiet --json "$WORK/base_g100k.json" --run-dir "$WORK/runs/base_g100k"
   summarize
   verbatim new_cycle_p base_cycle_p new_p10k_shm_1 base_p10k_shm_1 new_p10k_shm_2 base_p10k_shm_2 new_g100k base_g100k
+elif [ "$phase" = wave13d ]; then
+  # the landing check of wave 13: the GPU engine tests, then lstm_a past its capacity over EventBatch frames
+  # (a column run's shed answers go in as numpy: the overloaded stateful model's ingest), this tree and
+  # BASE_TGZ's interleaved by bench_overload, then the hot path's burst rows of both trees
+  setup_base
+  step gpu_tests 90 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+       tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
+  step overload_lstm_a 230 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
+       --json "$WORK/overload_lstm_a.json"
+  step new_hotpath 60 taskset -c 2-4 $PY tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 \
+       --json "$WORK/new_hotpath.json"
+  step base_hotpath 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
+       tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 --json "$WORK/base_hotpath.json"
+  summarize
+  verbatim gpu_tests overload_lstm_a new_hotpath base_hotpath
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

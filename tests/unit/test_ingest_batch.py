@@ -243,12 +243,14 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
     seqs = [0] * 8
     fresh = time.time_ns()
     ahead = fresh + 10**11  # a publisher clock 100 s ahead of ours
+    first_id = 1000  # instrument ids apart from slots: an answer that named a slot would differ
     runs = []
     for k in (40, 300, 33, 120):
         feed = _feed(rng, k, 5 if k == 300 else 8, seqs, trades=0.2)
-        feed = [(e[0], e[1], e[2], int(rng.choice([0, OLD_NS, fresh, ahead]))) + e[4:] for e in feed]
+        feed = [(first_id + e[0], e[1], e[2], int(rng.choice([0, OLD_NS, fresh, ahead]))) + e[4:] for e in feed]
         runs.append((feed, rng.integers(-1, 7, len(feed)).tolist()))
-    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=40, depth=128, admission=admission)
+    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=40, depth=128, admission=admission,
+              first_id=first_id)
     a, b = IngestRig(**kw), IngestRig(**kw)
     writes = []
     a.ingest._write_rows = (lambda w: lambda *args: (writes.append(int(args[6].sum())), w(*args)))(a.ingest._write_rows)
@@ -262,9 +264,12 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
             burst(b, [[topic_for(e.instrument), encode(e)] for e in singles])
             _compare(a, b)
             assert _queued_requests(a) == _queued_requests(b)
+            # the shed answers (LATE, QUEUE_FULL) alike, all but their receive times
+            assert sorted(x[:8] for x in zip(*a.answers.columns())) == sorted(x[:8] for x in zip(*b.answers.columns()))
             _step_some(a, 3)
             _step_some(b, 3)
         assert len(writes) == 4, "every run took the column path"
+        assert {x[0] for x in zip(*a.answers.columns())} <= set(range(first_id, first_id + 8))
         assert a.acct.by_reason[Reason.QUEUE_FULL] > 0, "the 300-event run passed some instruments' room"
         stale = [a.sched.r_stale[r] for s in range(8) for r in a.sched.s_ring[s][:a.sched.s_len[s]]]
         if admission == "depth":
