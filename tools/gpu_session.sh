@@ -32,6 +32,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave13b # + the gather of a few entries as ring slices: GPU tests, cycle parts, lstm_a and default at 10k
 #   BASE_TGZ=F tools/gpu_session.sh wave13c # the persistent engine's one-event cycle by parts, lstm_a persistent over iceoryx2 at 10k and graph per event at 100k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave13d # landing check: GPU engine tests; lstm_a past capacity over EventBatch (numpy shed answers) beside the baseline; hot path rows
+#   BASE_TGZ=F tools/gpu_session.sh wave13e # the overload sweeps again: lstm_a (EventBatch) and the default model, each beside the baseline
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -724,6 +725,17 @@ elif [ "$phase" = wave13d ]; then
        tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 --json "$WORK/base_hotpath.json"
   summarize
   verbatim gpu_tests overload_lstm_a new_hotpath base_hotpath
+elif [ "$phase" = wave13e ]; then
+  # a second sample of wave13d's lstm_a sweep (its points past capacity went either way within one call), and
+  # the default model's (conflating: the answer columns changed), each this tree and BASE_TGZ's interleaved
+  setup_base
+  step overload_lstm_a 220 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
+       --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
+       --json "$WORK/overload_lstm_a.json"
+  step overload_default 220 $PY tools/bench_overload.py --rates 50000,100000,200000 --duration 2 --overload 3,10 \
+       --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" --json "$WORK/overload_default.json"
+  summarize
+  verbatim overload_lstm_a overload_default
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
