@@ -2,8 +2,9 @@
 
 Everything the loop answers in one iteration (a step's decisions, events shed
 or rejected at ingest, requests shed at pick time) is collected in
-`Answers`, columnar (one Python list per field: cheap appends and bulk
-extends), and `Egress.flush` sends it once per iteration:
+`Answers`, columnar (one `array.array` per field, in the field's wire type:
+values are converted as they go in, whole columns at a time where they come
+as columns), and `Egress.flush` sends it once per iteration:
 
 - `mode = "batch"`: ONE `DecisionBatch` frame (topic ff ff ff fe). The
   answer columns are `array.array`s of the wire's own types (little-endian
@@ -79,8 +80,9 @@ def _frame_template(n: int, model_version: str) -> tuple[bytes, bytes, tuple[byt
 
 def _fill(col: array.array, values) -> None:
     """Append values to an answer column: a list in one pass (`fromlist`, ~2x faster than `extend`
-    of a tuple, which grows the array item by item), a numpy array as its bytes in the column's
-    type (no Python object per value)."""
+    of a tuple, which grows the array item by item; a value out of the column's range raises and
+    appends nothing), a numpy array as its bytes in the column's type (no Python object per value;
+    its values must be in range: the ingest's checks bound every field an answer echoes)."""
     if type(values) is list:
         col.fromlist(values)
     elif type(values) is np.ndarray:
@@ -162,6 +164,8 @@ class Answers:
 
     def extend_nconf(self, values) -> None:
         """n_conflated values, saturated at uint32 (the wire's type)."""
+        if type(values) is np.ndarray:  # numpy would wrap a value past uint32, not raise
+            values = np.minimum(values, _U32_MAX)
         try:
             _fill(self.nconf, values)  # all or none on error
         except OverflowError:  # cold: four billion conflations into one request

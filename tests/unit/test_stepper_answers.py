@@ -127,6 +127,9 @@ def test_every_way_into_the_answer_columns_holds_the_same_values():
     shed.add_shed(list(cols[0]), list(cols[1]), int(Reason.LATE), list(cols[6]), list(cols[7]), list(cols[8]))
     assert _rows(shed) == [(r[0], r[1], int(Outcome.SHED), int(Reason.LATE), 0, 0.0, r[6], r[7], r[8])
                            for r in expected]
+    saturated = Answers()
+    saturated.add_shed([1, 2], [3, 4], int(Reason.STALE), np.array([5, U32 + 9], dtype=np.int64), [0, 0], [6, 7])
+    assert list(saturated.nconf) == [5, U32]
     shed_np = Answers()  # a column run's sheds come as numpy columns
     shed_np.add_shed(np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.uint64), int(Reason.LATE), None,
                      np.array(cols[7], dtype=np.int64), np.array(cols[8], dtype=np.int64))
