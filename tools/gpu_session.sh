@@ -162,6 +162,14 @@ pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-pol
   done
 }
 
+hotpath_pair() {  # hotpath_pair NAME TIMEOUT ARGS...: tools/bench_hotpath.py ARGS on three cores (wave10c's
+  # placement), this tree's package as new_NAME, then BASE_TGZ's with this tool as base_NAME (setup_base first)
+  local name=$1 t=$2; shift 2
+  step "new_$name" "$t" taskset -c 2-4 $PY tools/bench_hotpath.py "$@" --json "$WORK/new_$name.json"
+  step "base_$name" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
+       tools/bench_hotpath.py "$@" --json "$WORK/base_$name.json"
+}
+
 verbatim() {  # verbatim NAME...: each step's own table (its log past the provenance) into summary.md
   local name
   for name in "$@"; do
@@ -658,10 +666,7 @@ elif [ "$phase" = wave13 ]; then
   setup_base
   step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
        tests/unit/test_stepper_answers.py tests/unit/test_egress_frame.py
-  step new_cycle 70 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
-       --json "$WORK/new_cycle.json"
-  step base_cycle 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
-       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --json "$WORK/base_cycle.json"
+  hotpath_pair cycle 70 --only-low-rate --cycle-parts --low-rate 2000
   for k in 1 2; do
     e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
     e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
@@ -675,10 +680,7 @@ elif [ "$phase" = wave13b ]; then
   setup_base
   step gpu_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
-  step new_cycle 70 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
-       --json "$WORK/new_cycle.json"
-  step base_cycle 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
-       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --json "$WORK/base_cycle.json"
+  hotpath_pair cycle 70 --only-low-rate --cycle-parts --low-rate 2000
   for k in 1 2; do
     e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
     e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
@@ -694,11 +696,7 @@ elif [ "$phase" = wave13c ]; then
   # graph over ZeroMQ), this tree and BASE_TGZ's alternated; then lstm_a one event per frame at 100k, one run
   # each (the answer columns changed: no loss of throughput?)
   setup_base
-  step new_cycle_p 80 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 \
-       --engine persistent --json "$WORK/new_cycle_p.json"
-  step base_cycle_p 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
-       tools/bench_hotpath.py --only-low-rate --cycle-parts --low-rate 2000 --engine persistent \
-       --json "$WORK/base_cycle_p.json"
+  hotpath_pair cycle_p 80 --only-low-rate --cycle-parts --low-rate 2000 --engine persistent
   for k in 1 2; do
     e2e_run new new_p10k_shm_$k 10000 -c configs/gpu.toml --transport iceoryx2 --set 'runner.engine="persistent"'
     e2e_run base base_p10k_shm_$k 10000 -c "$PWD/configs/gpu.toml" --transport iceoryx2 \
@@ -719,10 +717,7 @@ elif [ "$phase" = wave13d ]; then
   step overload_lstm_a 230 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
        --json "$WORK/overload_lstm_a.json"
-  step new_hotpath 60 taskset -c 2-4 $PY tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 \
-       --json "$WORK/new_hotpath.json"
-  step base_hotpath 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
-       tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 --json "$WORK/base_hotpath.json"
+  hotpath_pair hotpath 60 --n 20000 --reps 3 --low-rate 0
   summarize
   verbatim gpu_tests overload_lstm_a new_hotpath base_hotpath
 elif [ "$phase" = wave13e ]; then
