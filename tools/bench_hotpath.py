@@ -26,7 +26,10 @@ Rows (median of --reps repetitions):
   one event per cycle  --low-rate N events, each sent after >= 100 µs of the loop's idle path (as at
                        low rates): its ingest, submit, device wait, complete, flush and whole cycle
                        (wall clock, p50 and p90), default model and lstm_a (sequential), the engine
-                       `auto` picks (the graph engine on a GPU)
+                       `auto` picks (the graph engine on a GPU) or --engine's; with --cycle-parts a
+                       second pass also times each phase's parts (decode, checks/row/push, form batch,
+                       engine.submit, the gather, collect, pack, send: _CYCLE_PARTS) by wrapping the
+                       service's own methods; --only-low-rate skips every other row
 
 Targets (issue "Hot path v2", H200 host): ingest <= 1.5 µs/event in bursts, publish <= 0.5
 µs/decision in batch mode. On the dev VM the absolute figures are the VM's; compare rows.
