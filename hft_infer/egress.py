@@ -9,10 +9,11 @@ as columns), and `Egress.flush` sends it once per iteration:
 - `mode = "batch"`: ONE `DecisionBatch` frame (topic ff ff ff fe). The
   answer columns are `array.array`s of the wire's own types (little-endian
   hosts), so the frame is one `bytes.join` of the cached msgpack framing and
-  the nine columns' buffers, byte for byte what msgspec would write: nothing
-  is converted per answer at flush (packing 64 answers value by value with
-  one struct call cost ~16 µs on the dev VM; the join ~1.5). A step's scores
-  and actions go in from the engine's numpy outputs as bytes.
+  the nine columns' buffers, byte for byte what msgspec would write. Values
+  are converted as they go in, not at flush (one struct call over 64 answers
+  cost ~16 µs on the dev VM, the join ~1.5; the conversion moved, less what
+  goes in as bytes: a step's scores and actions from the engine's numpy
+  outputs, the constant outcome columns, a column run's sheds).
 - `mode = "per_instrument"`: one `Decision` frame per answer on the
   instrument's topic, for subscribers that filter by instrument.
 
@@ -124,18 +125,8 @@ class Answers:
         Under overload most answers are sheds: a column at a time costs ~10x less per answer
         than `add`."""
         n = len(inst)
-        _fill(self.inst, inst)
-        _fill(self.seq, seq)
-        self.status.frombytes(_SHED_BYTE * n)
-        self.reason.frombytes(bytes((reason,)) * n)
-        self.action.frombytes(bytes(n))
-        self.score.frombytes(bytes(4 * n))  # 0.0 as float32
-        if nconf is None:
-            self.nconf.frombytes(bytes(4 * n))
-        else:
-            self.extend_nconf(nconf)
-        _fill(self.ts_send, ts_send)
-        _fill(self.ts_recv, ts_recv)
+        self._add_outcomes(inst, seq, _SHED_BYTE * n, bytes((reason,)) * n, bytes(n), bytes(4 * n),  # 0.0 as f32
+                           bytes(4 * n) if nconf is None else nconf, ts_send, ts_recv)
 
     def add_decided(self, inst: list[int], seq, nconf, ts_send, ts_recv, scores: np.ndarray,
                     actions: np.ndarray) -> None:
@@ -143,13 +134,23 @@ class Answers:
         two timestamps) int64 numpy arrays; scores and actions the engine's numpy outputs, taken
         as bytes (no Python float or int per decision)."""
         n = len(inst)
-        self.inst.fromlist(inst)
+        self._add_outcomes(inst, seq, _DECIDED_BYTE * n, bytes(n), actions.astype(np.int8).tobytes(),
+                           scores.astype(np.float32, copy=False).tobytes(), nconf, ts_send, ts_recv)
+
+    def _add_outcomes(self, inst, seq, status: bytes, reason: bytes, action: bytes, score: bytes, nconf, ts_send,
+                      ts_recv) -> None:
+        """`add_shed` and `add_decided`: the outcome columns as their wire bytes, the others as
+        `_fill` takes them (nconf as bytes too: all zero)."""
+        _fill(self.inst, inst)
         _fill(self.seq, seq)
-        self.status.frombytes(_DECIDED_BYTE * n)
-        self.reason.frombytes(bytes(n))
-        self.action.frombytes(actions.astype(np.int8).tobytes())
-        self.score.frombytes(scores.astype(np.float32, copy=False).tobytes())
-        self.extend_nconf(nconf)
+        self.status.frombytes(status)
+        self.reason.frombytes(reason)
+        self.action.frombytes(action)
+        self.score.frombytes(score)
+        if type(nconf) is bytes:
+            self.nconf.frombytes(nconf)
+        else:
+            self.extend_nconf(nconf)
         _fill(self.ts_send, ts_send)
         _fill(self.ts_recv, ts_recv)
 

@@ -438,7 +438,8 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            if sched.deadline_admission and (stale or t_recv - origin > self.max_age_ns - sched.queue_wait_ns(slot)):
+            # stale, or stale by its turn (the expected wait is 0 for an empty queue)
+            if sched.deadline_admission and t_recv - origin > self.max_age_ns - sched.queue_wait_ns(slot):
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:

@@ -307,7 +307,7 @@ class EventBatchPaths:
         if sched.deadline_admission and sched.place_ns:  # stale when its turn would come (as Ingest._handle)
             wait = np.empty(n, dtype=np.int64)
             wait[order] = np.fromiter(map(sched.queue_wait_ns, uniq), dtype=np.int64, count=len(uniq))[group]
-            late = stale | ((t_recv - origin) > self.max_age_ns - wait)
+            late = (t_recv - origin) > self.max_age_ns - wait  # stale ones too: the wait is >= 0
         if sched.deadline_admission and late.any():
             applied = ~late[order]
             upto = np.cumsum(applied)

@@ -177,7 +177,7 @@ class Stepper:
 
     def _answer_one(self, rid: int, t_submit: int, t: int, score: float, action: int) -> None:
         """`complete` for a step of one request (the usual step at low rates): its scalars, with
-        no column built for one value (~4 µs less on the dev VM)."""
+        no column built for one value (complete: ~10 -> ~8 µs on the dev VM)."""
         sched = self.sched
         recv, send = sched.r_recv_ns[rid], sched.r_send_epoch_ns[rid]
         offset = self.clock.offset_ns

@@ -162,6 +162,11 @@ pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-pol
   done
 }
 
+gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest quiet with skip reasons
+  local t=$1; shift
+  step gpu_tests "$t" $PY -m pytest -q -rs -p no:cacheprovider "$@"
+}
+
 hotpath_pair() {  # hotpath_pair NAME TIMEOUT ARGS...: tools/bench_hotpath.py ARGS on three cores (wave10c's
   # placement), this tree's package as new_NAME, then BASE_TGZ's with this tool as base_NAME (setup_base first)
   local name=$1 t=$2; shift 2
@@ -304,7 +309,7 @@ elif [ "$phase" = land ]; then
   # their scripts exist; highest priority first (a step that would end past BUDGET_S is skipped)
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
   # the custom-model tests first: behind a slow engine the long engine tests ran out the step at 916d9c4
-  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+  gpu_tests 100 $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench floor_10k 25 -c configs/gpu.toml --null-service --rate 10000 --duration 2 --warmup 1
@@ -330,7 +335,7 @@ elif [ "$phase" = final ]; then
   # min): every GPU test to the end, the end-to-end headline at 10k and 100k beside its floor,
   # the shared-memory transport, shards below one shard's capacity, the goodput curve
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
-  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+  gpu_tests 170 $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
@@ -367,7 +372,7 @@ elif [ "$phase" = persistent ]; then
 elif [ "$phase" = wave4 ]; then
   # wave 4's landing re-check (one call): GPU tests, engines, the persistent diagnostics, e2e, per-event costs
   custom=$(ls tests/integration/test_gpu_custom_model.py tests/kernels/test_kernel_step.py 2>/dev/null)
-  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py \
+  gpu_tests 170 $custom tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py
   step bench_engines 70 $PY tools/bench_engines.py --quick --models lstm_a/window,mlp_small/window \
        --batches 1,64 --json "$WORK/bench_engines.json"
@@ -384,7 +389,7 @@ elif [ "$phase" = wave5 ]; then
   # wave 5's landing check of issue 12 (one call): GPU engine tests, the e2e headline at 10k/100k beside
   # its floor, the same over EventBatch frames, the goodput curve over EventBatch frames, per-event costs
   custom=$(ls tests/integration/test_gpu_custom_model.py 2>/dev/null)
-  step gpu_tests 130 $PY -m pytest -q -rs -p no:cacheprovider $custom tests/integration/test_gpu_engines.py
+  gpu_tests 130 $custom tests/integration/test_gpu_engines.py
   bench gpu_10k 50 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench gpu_100k 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1
   bench gpu_100k_batched 50 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1 --feed-batch 256
@@ -436,7 +441,7 @@ elif [ "$phase" = wave7cap ]; then
 elif [ "$phase" = wave7p ]; then
   # the GPU engine tests (the persistent program budget among them), then lstm_a shards at 20k/s each under MPS:
   # persistent kernels sized to SMs / N (runner.persistent_programs = 0) beside the graph engine, one call
-  step gpu_tests 170 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 170 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py
   step shards_persistent_mps 130 env BUDGET_S=125 FLOOR=0 RATE_PER_SHARD=20000 SHARDS="1 2 4 8" MODELS=lstm_a \
        ORDER="lstm_a:1 lstm_a:4 lstm_a:2 lstm_a:8" EXTRA_SET='runner.engine="persistent"' \
@@ -458,7 +463,7 @@ elif [ "$phase" = wave8 ]; then
        --json "$WORK/overload_lstm_a.json"
   bench gpu_100k_batched 45 -c configs/gpu.toml --with-floor --rate 100000 --duration 3 --warmup 1 --feed-batch 256
   bench gpu_200k_batched 45 -c configs/gpu.toml --with-floor --rate 200000 --duration 3 --warmup 1 --feed-batch 256
-  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py -k "not persistent"
+  gpu_tests 120 tests/integration/test_gpu_engines.py -k "not persistent"
   summarize
   verbatim base_probe hotpath overload_lstm_a gpu_tests
 elif [ "$phase" = wave8b ]; then
@@ -479,7 +484,7 @@ elif [ "$phase" = wave8b ]; then
 elif [ "$phase" = wave8c ]; then
   # the landing re-check: every GPU engine and persistent-kernel test, then the per-event costs beside BASE_TGZ's
   setup_base
-  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 200 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py
   step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
        --json "$WORK/hotpath.json"
@@ -490,7 +495,7 @@ elif [ "$phase" = wave9 ]; then
   # changed), the per-event ingest beside BASE_TGZ's (a conflating run now writes only each slot's
   # window), and the default config's goodput and overload as wave 5 measured it at 0d33765
   setup_base
-  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 200 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/unit/test_reference_split.py tests/unit/test_reference_shared.py
   step hotpath 70 taskset -c 3 $PY tools/bench_hotpath.py --n 30000 --reps 3 --baseline "$base/pkg/hft_infer" \
        --json "$WORK/hotpath.json"
@@ -524,7 +529,7 @@ elif [ "$phase" = wave10b ]; then
   # the landing check of wave 10: GPU engine and persistent-kernel tests, lstm_a at 10k beside BASE_TGZ again
   # (alternated, with the floor: the idle fold and the packed DecisionBatch), the hot path's publish rows
   setup_base
-  step gpu_tests 200 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 200 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/unit/test_egress_frame.py tests/unit/test_metrics.py
   for k in 1 2; do
     bench new_g10k_$k 60 -c configs/gpu.toml --rate 10000 --duration 3 --warmup 1 --with-floor
@@ -560,7 +565,7 @@ elif [ "$phase" = wave11 ]; then
   # CPU engine on this host's cores, this tree and BASE_TGZ's alternated: bench_models_cpu (one core),
   # and the default model end to end on the eager engine at 10k events/s with the floor
   setup_base
-  step gpu_tests 260 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 260 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_step.py tests/kernels/test_kernel_persistent.py tests/unit/test_reference_split.py \
        tests/unit/test_reference_shared.py tests/unit/test_models_decision.py
   models_cpu new_models_cpu $PY
@@ -608,7 +613,7 @@ elif [ "$phase" = wave12 ]; then
        --json "$WORK/overload_lstm_a.json"
   e2e_run new new_g100k 100000 -c configs/gpu.toml
   e2e_run base base_g100k 100000 -c "$PWD/configs/gpu.toml"
-  step gpu_tests 130 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  gpu_tests 130 tests/integration/test_gpu_engines.py
   summarize
   verbatim overload_lstm_a new_g100k base_g100k gpu_tests
 elif [ "$phase" = wave12b ]; then
@@ -628,7 +633,7 @@ elif [ "$phase" = wave12b ]; then
        --run-dir "$WORK/runs/base_p100k_shm"
   step overload_lstm_a 150 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000,300000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
-  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  gpu_tests 100 tests/integration/test_gpu_engines.py
   step prof_200k 60 env FEED_BATCH=256 bash tools/profile_overload.sh "$WORK/prof_200k" 200000 3 -c configs/gpu.toml
   head -n 70 "$WORK/prof_200k/spy_top.txt" > "$OUT/prof_200k.txt" 2>/dev/null
   summarize
@@ -638,7 +643,7 @@ elif [ "$phase" = wave12c ]; then
   # the GPU engine tests, then this tree alone (the baseline's runs are wave12/wave12b's, same session):
   # lstm_a one event per frame at 100k twice, on the persistent engine over iceoryx2 at 100k, and its
   # goodput over EventBatch frames from 30k (wave12b had no rate with shed <= 1 %)
-  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  gpu_tests 100 tests/integration/test_gpu_engines.py
   for k in 1 2; do
     bench new_g100k_$k 40 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
   done
@@ -652,7 +657,7 @@ elif [ "$phase" = wave12d ]; then
   # LATE on the expected wait, (queued + 1/2) places (wave12c counted queued + 1): the GPU engine tests,
   # lstm_a one event per frame at 100k, and the goodput over EventBatch frames as wave12c ran it (from 50k:
   # the device time left)
-  step gpu_tests 100 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
+  gpu_tests 100 tests/integration/test_gpu_engines.py
   bench new_g100k_1 40 -c configs/gpu.toml --rate 100000 --duration 3 --warmup 1
   step overload_lstm_a 120 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_lstm_a.json"
@@ -664,7 +669,7 @@ elif [ "$phase" = wave13 ]; then
   # (bench_hotpath --cycle-parts, this tool on both trees' packages, three cores as wave10c), then lstm_a
   # at 10k with the floor, this tree and BASE_TGZ's alternated
   setup_base
-  step gpu_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 120 tests/integration/test_gpu_engines.py \
        tests/unit/test_stepper_answers.py tests/unit/test_egress_frame.py
   hotpath_pair cycle 70 --only-low-rate --cycle-parts --low-rate 2000
   for k in 1 2; do
@@ -678,7 +683,7 @@ elif [ "$phase" = wave13b ]; then
   # submit for asynchronous engines: the GPU engine, persistent-kernel and gather tests, the cycle's parts
   # on both trees, then lstm_a and the default model (mlp_small, graph) at 10k with the floor, alternated
   setup_base
-  step gpu_tests 150 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 150 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
   hotpath_pair cycle 70 --only-low-rate --cycle-parts --low-rate 2000
   for k in 1 2; do
@@ -712,7 +717,7 @@ elif [ "$phase" = wave13d ]; then
   # (a column run's shed answers go in as numpy: the overloaded stateful model's ingest), this tree and
   # BASE_TGZ's interleaved by bench_overload, then the hot path's burst rows of both trees
   setup_base
-  step gpu_tests 90 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+  gpu_tests 90 tests/integration/test_gpu_engines.py \
        tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
   step overload_lstm_a 230 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" --rates 50000,100000,200000 \
        --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" \
