@@ -239,6 +239,8 @@ class RunnerConfig(_Section):
     """Batch-size buckets: a batch is padded to the next bucket (one CUDA graph each on a GPU)."""
     torch_threads: PosInt = 1
     """intra-op threads for the CPU engine (1: the hot loop owns its core)."""
+    cpu_products: Literal["auto", "numpy", "torch"] = "auto"
+    """CPU engine: the backend of a batch's matrix products. auto: numpy's (OpenBLAS) or torch's (MKL), whichever is faster for each product on this machine, timed once at start-up (they differ by up to ~3x either way); numpy or torch: that one always. Results differ only in fp32 summation order."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     """GPU kernels: fp32 (plain fp32 products), tf32 (tensor cores, fp32 accumulation), bf16 (bf16 weights, fp32 accumulation). State, biases and the head are fp32 always."""
     check_graph_addresses: bool = False

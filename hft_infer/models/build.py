@@ -19,6 +19,7 @@ from hft_infer.models.executor import Executor
 from hft_infer.models.incremental import LstmIncrementalExecutor
 from hft_infer.models.numpy_lstm import LstmIncrementalNumpyExecutor, LstmStreamNumpyExecutor
 from hft_infer.models.numpy_mlp import MlpNumpyExecutor
+from hft_infer.models.products import PRODUCT_BACKENDS, PlannedProducts
 from hft_infer.models.torch_executors import LstmRecomputeExecutor, LstmStreamExecutor
 
 MODES = ("window", "stream")
@@ -38,10 +39,11 @@ _EXECUTORS = {
 
 
 def build_executor(model: WindowModel, ring, *, max_batch: int, mode: str = "window",
-                   window_method: str = "incremental", backend: str = "numpy") -> Executor:
+                   window_method: str = "incremental", backend: str = "numpy", products: str = "auto") -> Executor:
     """The CPU executor for a model and mode. MLPs are window models (mode 'window' only;
     `window_method` does not apply to them). `ring`: the feature store's float32
-    [n_slots, R, F] ring, a torch tensor or a numpy array."""
+    [n_slots, R, F] ring, a torch tensor or a numpy array. `products` (numpy executors):
+    "auto", "numpy" or "torch", the batched matrix products' backend (products.py)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if window_method not in WINDOW_METHODS:
@@ -55,4 +57,9 @@ def build_executor(model: WindowModel, ring, *, max_batch: int, mode: str = "win
         key = ("mlp", "window", backend)
     else:
         key = ("lstm", "stream" if mode == "stream" else window_method, backend)
-    return _EXECUTORS[key](model, ring, max_batch)
+    if products not in PRODUCT_BACKENDS:
+        raise ValueError(f"products must be one of {PRODUCT_BACKENDS}, got {products!r}")
+    cls = _EXECUTORS[key]
+    if issubclass(cls, PlannedProducts):
+        return cls(model, ring, max_batch, products=products)
+    return cls(model, ring, max_batch)

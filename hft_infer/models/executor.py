@@ -90,6 +90,15 @@ class Executor:
     def step(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         raise NotImplementedError
 
+    def prepare(self, batch_sizes) -> None:
+        """Make what a step of each of these batch sizes needs before the first such step (the
+        eager engine calls it with its buckets at start-up, so no step pays for it). Nothing
+        here; the numpy executors make their plans (products.py times their products)."""
+
+    def describe(self) -> str:
+        """One line for the engine's reason: how the step computes (empty: nothing to add)."""
+        return ""
+
     def reset(self) -> None:
         """Zero all recurrent / open-window state (nothing for stateless executors)."""
 

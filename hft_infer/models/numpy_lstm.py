@@ -36,7 +36,8 @@ gemv, ~1.3-1.5 µs less each than matmul's [4H, in] x [in, 1]). A larger batch g
 `take`, transposes them into the [D, n*K] scratch with one copy, and back
 (duplicates are only the padding sink, whose state is then arbitrary).
 The views each layer reads and writes are made once per batch size
-(`_plan`). What still allocates per step: `reference.features` and
+(`_plan`), and with them each batched product's backend: numpy's matmul or torch's
+mm, whichever is faster for the shape here (products.py). What still allocates per step: `reference.features` and
 `reference.scores` (their small temporaries) and the scatter's index
 machinery (~3 KB).
 """
@@ -48,6 +49,7 @@ import numpy as np
 from hft_infer.kernels.reference import features, scores
 from hft_infer.models.executor import Executor
 from hft_infer.models.lstm import LstmModel
+from hft_infer.models.products import PlannedProducts, bind_product
 
 
 def _gate_weights(model: LstmModel, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,10 +89,11 @@ class _Plan:
     """Views of the scratch buffers for one batch size."""
 
     __slots__ = ("cols", "gathered", "gathered_t", "cols_3d", "layers", "gates", "head_in", "logits",
-                 "x", "flat", "base", "raw", "xproj", "emit", "emit_cols", "col_base", "wide_tmp", "gates_vec")
+                 "x", "flat", "base", "raw", "xproj", "emit", "emit_cols", "col_base", "wide_tmp", "gates_vec",
+                 "layer_products", "head", "x_product", "products")
 
 
-class _NumpyLstm(Executor):
+class _NumpyLstm(PlannedProducts, Executor):
     """Shared: weights, the state layout, the newest-row transform, the gather and scatter."""
 
     stateful = True
@@ -99,7 +102,8 @@ class _NumpyLstm(Executor):
     x_width = 0  # rows of the new row's features at the top of a state column
     per_slot = 1  # state columns per slot (K)
 
-    def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
+        self.products = products  # products.py: numpy's or torch's product per batch size
         super().__init__(model, ring, max_batch)
         spec, dt = model.spec, self.np_dtype
         hid, nl, f, x, k = spec.hidden[0], spec.layers, self.width, self.x_width, self.per_slot
@@ -116,7 +120,7 @@ class _NumpyLstm(Executor):
         self._gathered = np.empty((max_batch, self.depth, k), dtype=dt)
         # Flat: each batch size takes a contiguous [rows, n * K] prefix (a column slice of a
         # [rows, max_batch * K] buffer would be strided, see the module docstring).
-        self._cols = np.empty(self.depth * max_batch * k, dtype=dt)
+        self._cols = np.zeros(self.depth * max_batch * k, dtype=dt)  # finite: "auto" times products on it
         self._gates = np.empty(4 * hid * max_batch * k, dtype=dt)
         # [4H, n * K] for the incremental method's broadcast of layer 0's input projection; the
         # cell uses an [H, n * K] prefix.
@@ -168,8 +172,17 @@ class _NumpyLstm(Executor):
         plan.wide_tmp = self._tmp[: 4 * hid * m].reshape(4 * hid, n, k)
         plan.logits = np.empty((self.model.spec.outputs, n), dtype=self.np_dtype)
         plan.flat, plan.base, plan.raw = self._flat[:n], self._base[:n], self._raw[:n]
+        plan.products = []
         self._plans[n] = plan
         return plan
+
+    def _bind_products(self, plan: _Plan) -> None:
+        """Each layer's product into the gates and the head's into the logits, bound once."""
+        gates = plan.gates[0]
+        plan.layer_products = [bind_product(wt, inp, gates, self.products)
+                               for wt, (inp, _, _) in zip(self._weights, plan.layers)]
+        plan.head = bind_product(self._head, plan.head_in, plan.logits, self.products)
+        plan.products += plan.layer_products + [plan.head]
 
     def reset(self) -> None:
         self.state[:] = self._template
@@ -199,13 +212,17 @@ class _NumpyLstm(Executor):
     def _score(self, head_in: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
         out[:] = scores(np.matmul(self._head, head_in, out=logits).T)
 
+    def _score_bound(self, plan: _Plan, out: np.ndarray) -> None:
+        plan.head.run()
+        out[:] = scores(plan.logits.T)
+
 
 class LstmStreamNumpyExecutor(_NumpyLstm):
     """LSTM stream: one recurrent step per event from the slot's (h, c) of every layer."""
 
-    def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
         self.x_width = model.spec.features
-        super().__init__(model, ring, max_batch)
+        super().__init__(model, ring, max_batch, products=products)
         self._one = self._plan_one()
 
     def _first_layer(self, w_ih, w_hh, bias):  # [x | h_0 | 1]
@@ -215,6 +232,8 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
         plan = super()._plan(n)
         plan.x = plan.cols[: self.width]
         plan.head_in = self._head_in(plan.cols)
+        if n > 1:  # batch 1's products are np.dot's gemv (_plan_one)
+            self._bind_products(plan)
         return plan
 
     def _plan_one(self) -> _Plan:
@@ -237,10 +256,10 @@ class LstmStreamNumpyExecutor(_NumpyLstm):
         plan = self._plans.get(n) or self._plan(n)
         self._gather(slots, plan)
         plan.x[...] = self._new_features(slots, positions, n, plan).T
-        for wt, (inp, c, h) in zip(self._weights, plan.layers):
-            np.matmul(wt, inp, out=plan.gates[0])
+        for product, (_, c, h) in zip(plan.layer_products, plan.layers):
+            product.run()
             lstm_cell(plan.gates, c, h)
-        self._score(plan.head_in, plan.logits, out)
+        self._score_bound(plan, out)
         self._scatter(slots, plan)
 
     def _step_one(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
@@ -265,10 +284,10 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
     start: the window over rows 0..t) and is emitted, then restarted from zero. Layer 0's input
     projection of the row (with the bias) is computed once and broadcast over the W states."""
 
-    def __init__(self, model: LstmModel, ring, max_batch: int) -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
         self.x_width = 0
         self.per_slot = model.spec.window
-        super().__init__(model, ring, max_batch)
+        super().__init__(model, ring, max_batch, products=products)
         self._emit = np.empty(max_batch, np.int64)
         self._col_base = np.arange(max_batch, dtype=np.int64) * self.window
 
@@ -287,8 +306,12 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
         plan.x = np.ones((self.width + 1, n), dtype=dt)  # row F stays 1: layer 0's bias input
         plan.xproj = np.empty((4 * self.hidden, n), dtype=dt)
         plan.emit, plan.col_base = self._emit[:n], self._col_base[:n]
-        plan.emit_cols = np.empty((self.depth, n), dtype=dt)
+        plan.emit_cols = np.zeros((self.depth, n), dtype=dt)
         plan.head_in = self._head_in(plan.emit_cols)
+        if n > 1:  # batch 1 steps in place on its slot's block: views made per step
+            self._bind_products(plan)
+            plan.x_product = bind_product(self._w_x, plan.x, plan.xproj, self.products)
+            plan.products.append(plan.x_product)
         return plan
 
     def step(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
@@ -302,10 +325,16 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
             self._gather(slots, plan)
             cols, layers = plan.cols, plan.layers
         plan.x[: self.width] = self._new_features(slots, positions, n, plan).T
-        np.matmul(self._w_x, plan.x, out=plan.xproj)
         gates = plan.gates[0]
+        if n == 1:
+            np.matmul(self._w_x, plan.x, out=plan.xproj)
+        else:
+            plan.x_product.run()
         for layer, (wt, (inp, c, h)) in enumerate(zip(self._weights, layers)):
-            np.matmul(wt, inp, out=gates)
+            if n == 1:
+                np.matmul(wt, inp, out=gates)
+            else:
+                plan.layer_products[layer].run()
             if layer == 0:
                 # Broadcast by a copy, then a plain add: a ufunc with a stride-0 operand goes
                 # through numpy's buffered iterator (a 32 KB buffer per call; same time).
@@ -323,6 +352,6 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
         np.remainder(e, w, out=e)
         e += plan.col_base
         cols.take(e, axis=1, out=plan.emit_cols, mode="clip")
-        self._score(plan.head_in, plan.logits, out)
+        self._score_bound(plan, out)
         cols[:, e] = self._template
         self._scatter(slots, plan)

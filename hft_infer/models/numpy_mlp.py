@@ -3,7 +3,9 @@
 Why numpy: at batch 1 the step is a few dozen small operations, and one
 numpy call costs ~1 µs on the 2-core dev VM against ~3-7 µs for a torch op;
 the matrix products go to the bundled OpenBLAS (single-threaded, see
-runner/eager.py).
+runner/eager.py), except that a larger batch's products may be bound to
+torch's mm (MKL) where that is faster for the shape on this machine
+(products.py: up to ~3x for the first layer at batch 8-16 on the dev VM).
 
 Feature ring. Beside the raw ring (float32 [S, R, F]) the executor keeps the
 rows' *normalised features* (`reference.features`, the one definition of the
@@ -50,13 +52,14 @@ import numpy as np
 from hft_infer.kernels.reference import features, scores
 from hft_infer.models.base import WindowModel
 from hft_infer.models.executor import Executor
+from hft_infer.models.products import PlannedProducts, bind_product
 
 
 class _Plan:
     """Views of the scratch buffers for one batch size (see MlpNumpyExecutor._plan)."""
 
-    __slots__ = ("layers", "logits", "u", "lt", "base", "flat", "last", "raw", "win_idx", "win_idx_flat",
-                 "x_rows", "x")
+    __slots__ = ("layers", "head", "products", "logits", "u", "lt", "base", "flat", "last", "raw", "win_idx",
+                 "win_idx_flat", "x_rows", "x")
 
 
 def _augmented(weight, bias) -> np.ndarray:
@@ -65,12 +68,13 @@ def _augmented(weight, bias) -> np.ndarray:
     return np.concatenate([w.T, bias.detach().double().numpy()[None, :]], axis=0)
 
 
-class MlpNumpyExecutor(Executor):
+class MlpNumpyExecutor(PlannedProducts, Executor):
     stateful = False  # the window is read from the rings: triggers may be conflated
     backend = "numpy"
 
-    def __init__(self, model: WindowModel, ring, max_batch: int) -> None:
+    def __init__(self, model: WindowModel, ring, max_batch: int, *, products: str = "auto") -> None:
         self.ring_rows = model.spec.window
+        self.products = products  # products.py: numpy's or torch's product per batch size
         super().__init__(model, ring, max_batch)
         s, r, f, w, dt = self.n_slots, self.ring_len, self.width, self.window, self.np_dtype
         self._mean = model.norm_mean.detach().numpy().astype(dt)
@@ -107,7 +111,7 @@ class MlpNumpyExecutor(Executor):
         self._raw = np.empty((max_batch, f), np.float32)
         self._win_offsets = np.arange(-w + 1, 1, dtype=np.int64)
         self._win_idx = np.empty((max_batch, w), np.int64)
-        self._x = np.empty((max_batch * w, f + 1), dtype=dt)
+        self._x = np.zeros((max_batch * w, f + 1), dtype=dt)  # finite: "auto" times products on it
         self._plans: dict[int, _Plan] = {}
         self.reset()
 
@@ -130,25 +134,30 @@ class MlpNumpyExecutor(Executor):
             self._step_one(slots, positions, out)
             return
         plan = self._plans.get(n) or self._plan(n)
-        h = self._windows(slots, positions, n, plan)
-        for wt, hb, hb_out in plan.layers:
-            np.matmul(h, wt, out=hb_out)
+        self._windows(slots, positions, n, plan)  # into plan.x, the first product's input
+        for product, hb in plan.layers:
+            product.run()
             np.maximum(hb, 0, out=hb)
-            h = hb
-        out[:] = scores(np.matmul(h, self._head, out=plan.logits))
+        plan.head.run()
+        out[:] = scores(plan.logits)
 
     def _plan(self, n: int) -> _Plan:
         """The views of every scratch buffer for a batch of n, made once per n (slicing a
         numpy array costs ~0.2-0.4 µs; a step would otherwise slice a dozen times)."""
         plan = _Plan()
-        plan.layers = [(wt, buf[:n], buf[:n, :-1]) for wt, buf in zip(self._weights, self._hidden)]
+        plan.x_rows = self._x[: n * self.window]
+        plan.x = plan.x_rows.reshape(n, -1)
         plan.logits = self._logits[:n]
+        plan.layers, h = [], plan.x
+        for wt, buf in zip(self._weights, self._hidden):
+            plan.layers.append((bind_product(h, wt, buf[:n, :-1], self.products), buf[:n]))
+            h = buf[:n]
+        plan.head = bind_product(h, self._head, plan.logits, self.products)
+        plan.products = [product for product, _ in plan.layers] + [plan.head]
         plan.u, plan.lt, plan.base = self._u[:n], self._lt[:n], self._base[:n]
         plan.flat, plan.last, plan.raw = self._flat[:n], self._last[:n], self._raw[:n]
         plan.win_idx = self._win_idx[:n]
         plan.win_idx_flat = plan.win_idx.reshape(-1)
-        plan.x_rows = self._x[: n * self.window]
-        plan.x = plan.x_rows.reshape(n, -1)
         self._plans[n] = plan
         return plan
 
@@ -177,7 +186,7 @@ class MlpNumpyExecutor(Executor):
         return self.feat[s, i + r - w + 1: i + r + 1].reshape(-1)
 
     def _windows(self, slots: np.ndarray, positions: np.ndarray, n: int, plan: _Plan) -> np.ndarray:
-        """Transform the new rows of a batch and gather its windows -> [n, W*(F+1)]."""
+        """Transform the new rows of a batch and gather its windows -> plan.x [n, W*(F+1)]."""
         r, f = self.ring_len, self.width
         u = self.upto.take(slots, out=plan.u, mode="clip")
         base = np.multiply(slots, r, out=plan.base)  # s * R

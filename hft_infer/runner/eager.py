@@ -47,6 +47,12 @@ class EagerEngine(Engine):
             raise AssertionError("EagerEngine runs one step at a time")
         slots, positions, scores, actions = self._slots[0], self._positions[0], self._scores[0], self._actions[0]
         self._views = {b: (slots[:b], positions[:b], scores[:b], actions[:b]) for b in self.bucket_map.buckets}
+        # Steps run padded to the buckets: their plans (and the numpy executors' choice of
+        # product backend, models/products.py) are made here, not by the first step of each size.
+        executor.prepare(self.bucket_map.buckets)
+        detail = executor.describe()
+        if detail:
+            self.reason = f"{self.reason}; {detail}"
 
     def _launch(self, i: int, n: int) -> None:
         slots, positions, scores, actions = self._views[self.pad(i, n)]

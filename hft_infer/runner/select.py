@@ -231,7 +231,7 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
         executor = CustomExecutor(model, store.tensor, max_bucket)
     else:
         executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
-                                  window_method=cfg.model.window_method)
+                                  window_method=cfg.model.window_method, products=cfg.runner.cpu_products)
     policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
     reason = f"{reason}; {type(executor).__name__}"  # which executor runs the step (models/build.py)
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,

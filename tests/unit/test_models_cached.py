@@ -19,6 +19,9 @@ from hft_infer.models.torch_executors import MlpWindowExecutor
 from hft_infer.replay.synthetic import SyntheticConfig, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
+# (executor backend, its batched products): the numpy executors with each product backend
+# (models/products.py), the torch ones (which ignore it) once
+PRODUCT_COMBOS = [("numpy", "numpy"), ("numpy", "torch"), ("torch", "auto")]
 
 
 def _models(levels: int, window: int, hidden: tuple[int, ...], seed: int):
@@ -46,10 +49,10 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "products"), PRODUCT_COMBOS)
 @pytest.mark.parametrize("gaps", [True, False], ids=["conflated", "every-row"])
 @pytest.mark.parametrize(("levels", "window", "hidden", "extra", "instruments", "max_batch"), SHAPES)
-def test_cached_mlp_equals_float64_reference(backend, gaps, levels, window, hidden, extra, instruments,
+def test_cached_mlp_equals_float64_reference(backend, products, gaps, levels, window, hidden, extra, instruments,
                                              max_batch):
     model, ref_model, rows = _models(levels, window, hidden, seed=window)
     f = model.spec.features
@@ -58,7 +61,7 @@ def test_cached_mlp_equals_float64_reference(backend, gaps, levels, window, hidd
     sink = instruments
     ref = MlpWindowExecutor(ref_model, ring, max_batch)  # float64: the reference
     ref32 = MlpWindowExecutor(model, ring, max_batch)  # float32, every window transformed at every step
-    fast = build_executor(model, ring, max_batch=max_batch, backend=backend)
+    fast = build_executor(model, ring, max_batch=max_batch, backend=backend, products=products)
     assert isinstance(fast, MlpNumpyExecutor if backend == "numpy" else MlpCachedExecutor)
     rng = np.random.default_rng(window)
     count = np.zeros(instruments, np.int64)

@@ -17,6 +17,9 @@ from hft_infer.models.decision import DecisionPolicy
 from hft_infer.runner.eager import EagerEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
+# (executor backend, its batched products): the numpy executors with each product backend
+# (models/products.py), the torch ones (which ignore it) once
+PRODUCT_COMBOS = [("numpy", "numpy"), ("numpy", "torch"), ("torch", "auto")]
 
 
 def _pair(levels: int, window: int, hidden: tuple[int, ...], seed: int):
@@ -49,14 +52,14 @@ SHAPES = [(3, 5, (13, 13), 3, 5, 4, 5), (1, 9, (7, 7, 7), 1, 3, 1, 10), (10, 50,
 SHAPE_KEYS = ("levels", "window", "hidden", "depth", "instruments", "max_batch", "seed")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "products"), PRODUCT_COMBOS)
 @pytest.mark.parametrize(SHAPE_KEYS, SHAPES)
-def test_stream_against_float64_lstm_over_full_history(backend, levels, window, hidden, depth, instruments,
+def test_stream_against_float64_lstm_over_full_history(backend, products, levels, window, hidden, depth, instruments,
                                                        max_batch, seed):
     model, ref = _pair(levels, window, hidden, seed=seed)
     inst, rows = _stream(900, instruments, seed=seed, levels=levels)
     ring = torch.zeros(instruments + 1, depth, model.spec.features)
-    ex = build_executor(model, ring, max_batch=max_batch, mode="stream", backend=backend)
+    ex = build_executor(model, ring, max_batch=max_batch, mode="stream", backend=backend, products=products)
     got, _ = _drive({"x": ex}, inst, rows, ring, max_batch, seed=1, out_dtype=torch.float32)
     want = torch.empty(inst.size, dtype=torch.float64)
     want32 = torch.empty(inst.size)
@@ -67,16 +70,16 @@ def test_stream_against_float64_lstm_over_full_history(backend, levels, window, 
     _check(got["x"], want, want32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "products"), PRODUCT_COMBOS)
 @pytest.mark.parametrize(SHAPE_KEYS, SHAPES[:2])
-def test_incremental_against_float64_windows(backend, levels, window, hidden, depth, instruments, max_batch,
+def test_incremental_against_float64_windows(backend, products, levels, window, hidden, depth, instruments, max_batch,
                                              seed):
     """Each decision against nn.LSTM (float64) over that instrument's explicit window,
     including the short windows at its start."""
     model, ref = _pair(levels, window, hidden, seed=seed)
     inst, rows = _stream(500, instruments, seed=seed, levels=levels)
     ring = torch.zeros(instruments + 1, depth, model.spec.features)
-    ex = build_executor(model, ring, max_batch=max_batch, mode="window", backend=backend)
+    ex = build_executor(model, ring, max_batch=max_batch, mode="window", backend=backend, products=products)
     got, _ = _drive({"x": ex}, inst, rows, ring, max_batch, seed=2, out_dtype=torch.float32)
     want = torch.empty(inst.size, dtype=torch.float64)
     want32 = torch.empty(inst.size)
