@@ -33,7 +33,8 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave13c # the persistent engine's one-event cycle by parts, lstm_a persistent over iceoryx2 at 10k and graph per event at 100k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave13d # landing check: GPU engine tests; lstm_a past capacity over EventBatch (numpy shed answers) beside the baseline; hot path rows
 #   BASE_TGZ=F tools/gpu_session.sh wave13e # the overload sweeps again: lstm_a (EventBatch) and the default model, each beside the baseline
-#   BASE_TGZ=F tools/gpu_session.sh wave14 # the graph engine's completion flag and ctypes launch: GPU tests, the one-event cycle by variant, the CPU products on this host's core beside the baseline, lstm_a and default at 10k
+#   BASE_TGZ=F tools/gpu_session.sh wave14 # the graph engine's completion flag and ctypes launch: GPU tests, the one-event cycle by variant, the CPU products on this host's core beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave14b # lstm_a and the default model at 10k, this tree and the baseline alternated
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -748,6 +749,11 @@ elif [ "$phase" = wave14 ]; then
        --engine graph --graph-variants event+torch,flag+torch,event+ctypes,flag+ctypes --json "$WORK/cycle_variants.json"
   models_cpu new_models_cpu "$PY"
   models_cpu base_models_cpu "$base/py"
+  summarize
+  verbatim gpu_tests cycle_variants new_models_cpu base_models_cpu
+elif [ "$phase" = wave14b ]; then
+  # lstm_a (gpu.toml) and the default model (graph, busy, pinned) at 10k, this tree and the baseline alternated
+  setup_base
   for k in 1 2; do
     e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
     e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
@@ -755,8 +761,7 @@ elif [ "$phase" = wave14 ]; then
     e2e_run base base_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
   done
   summarize
-  verbatim gpu_tests cycle_variants new_models_cpu base_models_cpu new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 \
-           new_g10k_2 base_g10k_2 new_d10k_2 base_d10k_2
+  verbatim new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 new_g10k_2 base_g10k_2 new_d10k_2 base_d10k_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
