@@ -496,7 +496,10 @@ def main() -> None:
                     help="runner.engine of the one-event cycle rows (default: auto, what the service picks)")
     ap.add_argument("--graph-variants", metavar="LIST",
                     help="comma list of COMPLETION+LAUNCH for the graph engine's one-event rows (completion: flag | "
-                         "event, launch: ctypes | torch; runner/gpu.py GraphEngine), each run in turn, twice over")
+                         "event, launch: ctypes | torch; runner/gpu.py GraphEngine), each run in turn, "
+                         "--variant-rounds times over")
+    ap.add_argument("--variant-rounds", type=int, default=2, metavar="K",
+                    help="rounds of --graph-variants (default 2)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
@@ -575,7 +578,7 @@ def low_rate_rows(a) -> list[tuple[str, float, str]]:
     variants = [v.split("+") for v in a.graph_variants.split(",")] if a.graph_variants else [None]
     for name, overrides in (("default mlp_small, conflating", []),
                             ("lstm_a, sequential", ['model.preset="lstm_a"', 'model.mode="window"'])):
-        for variant in variants * (2 if a.graph_variants else 1):
+        for variant in variants * (a.variant_rounds if a.graph_variants else 1):
             rows += _low_rate_variant(a, name, overrides, variant)
     return rows
 
