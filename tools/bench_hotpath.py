@@ -494,12 +494,6 @@ def main() -> None:
                     help="also time the parts of each phase of the one-event cycle (a second pass, wrapped)")
     ap.add_argument("--engine", default="auto", choices=("auto", "eager", "graph", "persistent"),
                     help="runner.engine of the one-event cycle rows (default: auto, what the service picks)")
-    ap.add_argument("--graph-variants", metavar="LIST",
-                    help="comma list of COMPLETION+LAUNCH for the graph engine's one-event rows (completion: flag | "
-                         "event, launch: ctypes | torch; runner/gpu.py GraphEngine), each run in turn, "
-                         "--variant-rounds times over")
-    ap.add_argument("--variant-rounds", type=int, default=2, metavar="K",
-                    help="rounds of --graph-variants (default 2)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
@@ -575,39 +569,21 @@ def low_rate_rows(a) -> list[tuple[str, float, str]]:
     rows: list[tuple[str, float, str]] = []
     if not a.low_rate:
         return rows
-    variants = [v.split("+") for v in a.graph_variants.split(",")] if a.graph_variants else [None]
     for name, overrides in (("default mlp_small, conflating", []),
                             ("lstm_a, sequential", ['model.preset="lstm_a"', 'model.mode="window"'])):
-        for variant in variants * (a.variant_rounds if a.graph_variants else 1):
-            rows += _low_rate_variant(a, name, overrides, variant)
-    return rows
-
-
-def _low_rate_variant(a, name: str, overrides: list[str], variant: list[str] | None) -> list[tuple[str, float, str]]:
-    """One model's one-event rows, with the graph engine's completion and launch set to `variant`."""
-    from hft_infer.runner.gpu import GraphEngine
-
-    rows: list[tuple[str, float, str]] = []
-    before = GraphEngine.completion, GraphEngine.launch
-    if variant is not None:
-        GraphEngine.completion, GraphEngine.launch = variant
-    try:
         for parts in (False, True) if a.cycle_parts else (False,):
             rig = Rig([*overrides, f'runner.engine="{a.engine}"'])
             try:
                 got = low_rate_cycle(rig, quotes(a.low_rate), parts=parts)
             finally:
                 rig.close()
-            tag = f" {'+'.join(variant)}" if variant else ""
-            label = f"one event per cycle{', parts timed' if parts else ''}, {name} [{rig.svc.engine.name}{tag}]"
+            label = f"one event per cycle{', parts timed' if parts else ''}, {name} [{rig.svc.engine.name}]"
             for phase, v in got.items():
                 v = v[len(v) // 10:]  # the first tenth warms up
                 if not v:
                     continue
                 rows.append((f"{label}, {phase} (p50; p90 {np.percentile(v, 90) / 1e3:,.1f} µs)",
                              statistics.median(v), "ns"))
-    finally:
-        GraphEngine.completion, GraphEngine.launch = before
     return rows
 
 

@@ -260,6 +260,7 @@ def bench(args) -> None:
     max_batch = max(args.batches)
     print("| preset | batch | variant | median | p99 | vs numpy | round medians min-max | transient KB/step |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    products: set[str] = set()  # the numpy executors' product backends (models/products.py)
     for name in args.presets:
         model = build_model(PRESETS[name], seed=0)
         ring = ring_for(model.spec, max_batch)
@@ -270,6 +271,8 @@ def bench(args) -> None:
             slow = any("recompute" in v.name for v in vs) or name == "lstm_c"
             burst = max(3, args.burst // (8 if slow and batch > 1 else 1))
             interleave(vs + [cal], args.rounds, burst)
+            described = {getattr(v.runner, "describe", str)() for v in vs if v.name.endswith(": numpy")}
+            products.update(f"{name} batch {batch}: {d}" for d in described if d)
             base = {v.name.split(":")[0]: float(np.median(v.times)) for v in vs if v.name.endswith(": numpy")}
             for v in vs + [cal]:
                 med = float(np.median(v.times))
@@ -280,6 +283,9 @@ def bench(args) -> None:
                 print(f"| {name} | {batch} | {v.name} | {us(med)} | {us(p99)} | {ratio} | {spread} | "
                       f"{v.transient / 1024:.1f} |", flush=True)
             del vs
+    print("\nbatched products (runner.cpu_products = auto, chosen by timing on this machine):")
+    for line in sorted(products):
+        print(f"  {line}")
 
 
 # ------------------------------------------------------------ profile of the numpy steps

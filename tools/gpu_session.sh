@@ -33,7 +33,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave13c # the persistent engine's one-event cycle by parts, lstm_a persistent over iceoryx2 at 10k and graph per event at 100k, beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave13d # landing check: GPU engine tests; lstm_a past capacity over EventBatch (numpy shed answers) beside the baseline; hot path rows
 #   BASE_TGZ=F tools/gpu_session.sh wave13e # the overload sweeps again: lstm_a (EventBatch) and the default model, each beside the baseline
-#   BASE_TGZ=F tools/gpu_session.sh wave14 # the graph engine's completion flag and ctypes launch: GPU tests, the one-event cycle by variant, the CPU products on this host's core beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave14 # GPU tests, the CPU engine's products on this host's core beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave14b # lstm_a and the default model at 10k, this tree and the baseline alternated
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
@@ -739,18 +739,15 @@ elif [ "$phase" = wave13e ]; then
   summarize
   verbatim overload_lstm_a overload_default
 elif [ "$phase" = wave14 ]; then
-  # the graph engine's step seen done by a flag its last node writes (kernels/completion.py) instead of an event,
-  # launched by cudaGraphLaunch through ctypes (runner/cuda_launch.py) instead of replay(): the GPU engine tests
-  # (both variants), the one-event cycle of each variant (this tree), the CPU engine's products (models/products.py)
-  # on this host's core beside the baseline, then lstm_a and the default model at 10k, alternated with the baseline
+  # the GPU engine tests and the CPU engine's products (models/products.py) on this host's core beside the
+  # baseline. (At c79af38 this phase also ran the one-event cycle of the graph engine with a completion flag
+  # written by the graph and cudaGraphLaunch through ctypes: no gain measured, both dropped; BENCHMARKS.md wave 14.)
   setup_base
   gpu_tests 200 tests/integration/test_gpu_engines.py tests/unit/test_products.py tests/unit/test_self_check.py
-  step cycle_variants 200 taskset -c 2-4 $PY tools/bench_hotpath.py --only-low-rate --low-rate 2000 \
-       --engine graph --graph-variants event+torch,flag+torch,event+ctypes,flag+ctypes --json "$WORK/cycle_variants.json"
   models_cpu new_models_cpu "$PY"
   models_cpu base_models_cpu "$base/py"
   summarize
-  verbatim gpu_tests cycle_variants new_models_cpu base_models_cpu
+  verbatim gpu_tests new_models_cpu base_models_cpu
 elif [ "$phase" = wave14b ]; then
   # lstm_a (gpu.toml) and the default model (graph, busy, pinned) at 10k, this tree and the baseline alternated
   setup_base

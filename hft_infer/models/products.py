@@ -13,7 +13,7 @@ writes into a strided `out` such as a hidden buffer without its trailing 1 colum
     backend "auto" (the service's default, `runner.cpu_products`): products of at least
         TIMED_MIN multiply-adds are timed both ways when the plan is made (the eager engine
         makes its buckets' plans at start-up, `Executor.prepare`), and torch is taken when
-        its median is below TORCH_MARGIN x numpy's; smaller products stay numpy.
+        its best time is below TORCH_MARGIN x numpy's; smaller products stay numpy.
 
 The two differ only in fp32 summation order (results within a few ulp of each other); a
 process keeps its choice for its life. Batch 1's matrix x vector products are numpy's gemv
@@ -33,9 +33,9 @@ TIMED_MIN = 1 << 17
 """Multiply-adds below which "auto" does not time a product (numpy: torch's call overhead of
 a few µs is more than such a product costs in either)."""
 TORCH_MARGIN = 0.9
-"""auto takes torch only when its median is below this fraction of numpy's (a near tie stays
+"""auto takes torch only when its best time is below this fraction of numpy's (a near tie stays
 numpy: the cheaper call, and no choice that flips with the machine's noise)."""
-_ROUNDS = 7
+_ROUNDS = 9
 
 
 class BoundProduct:
@@ -74,13 +74,14 @@ def bind_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, backend: str) ->
     if a.shape[0] * a.shape[1] * b.shape[1] < TIMED_MIN:
         return numpy_product
     torch_product = BoundProduct(a, b, out, "torch")
-    t_numpy, t_torch = _median_times(numpy_product, torch_product)
+    t_numpy, t_torch = _best_times(numpy_product, torch_product)
     return torch_product if t_torch < TORCH_MARGIN * t_numpy else numpy_product
 
 
-def _median_times(*products: BoundProduct) -> list[float]:
-    """Median ns per call of each product, interleaved round by round (a slow spell of the
-    machine hits both alike), after two calls each (first touch, BLAS dispatch)."""
+def _best_times(*products: BoundProduct) -> list[float]:
+    """Each product's fastest call in ns, interleaved round by round, after two calls each
+    (first touch, BLAS dispatch). The minimum, not the median: a busy machine (a shared VM, a
+    neighbour's burst) only ever adds time, so the best call is the product's own cost."""
     times: list[list[int]] = [[] for _ in products]
     clock = time.perf_counter_ns
     for p in products:
@@ -91,7 +92,7 @@ def _median_times(*products: BoundProduct) -> list[float]:
             t0 = clock()
             p()
             ts.append(clock() - t0)
-    return [float(np.median(ts)) for ts in times]
+    return [float(min(ts)) for ts in times]
 
 
 class PlannedProducts:

@@ -37,9 +37,7 @@ import numpy as np
 import torch
 
 from hft_infer.kernels.common import OUT_COLS, interpreting
-from hft_infer.kernels.completion import FLAG_STRIDE, graph_done
 from hft_infer.runner.base import Engine, EngineFailure
-from hft_infer.runner.cuda_launch import graph_launcher
 
 __all__ = ["EngineFailure", "GraphEngine", "KernelStep", "PersistentEngine"]
 
@@ -171,14 +169,6 @@ class _GpuEngine(Engine):
 
 class GraphEngine(_GpuEngine):
     name = "graph"
-    completion = "flag"
-    """How the loop learns that a step finished: "flag" (each graph ends in
-    kernels/completion.graph_done, a pinned int64 the host compares; x86 hosts only, as the
-    persistent kernels' data-then-flag protocol) or "event" (a CUDA event recorded after each
-    replay, polled with Event.query()). tools/bench_hotpath.py --graph-variants compares them."""
-    launch = "ctypes"
-    """How a step's graph is launched: "ctypes" (cudaGraphLaunch on the raw handle,
-    runner/cuda_launch.py; torch's replay() where that is unavailable) or "torch" (replay())."""
 
     def __init__(self, kstep: KernelStep, buckets: list[int], *, sink_slot: int, reason: str,
                  check_addresses: bool = False, max_inflight: int = 2) -> None:
@@ -197,16 +187,6 @@ class GraphEngine(_GpuEngine):
         self._out = [_pinned((self.max_batch, OUT_COLS), torch.float32) for _ in range(k)]
         self._out_np = [o.numpy() for o in self._out]
         self._events = [torch.cuda.Event() for _ in range(k)]
-        from hft_infer.kernels.persistent import persistent_supported
-
-        self._use_flag = self.completion == "flag" and persistent_supported(kstep.device)[0]
-        self._raw_launch = None  # set at capture (cuda_launch.py)
-        if self._use_flag:
-            # buffer i's flag and counter at word i * FLAG_STRIDE (own cache lines)
-            self._flags = _pinned((k * FLAG_STRIDE,), torch.int64)
-            self._flags_mv = memoryview(self._flags.numpy()).cast("B").cast("q")
-            self._counters = torch.zeros(k * FLAG_STRIDE, dtype=torch.int64, device=kstep.device)
-            self._expected = [0] * k  # replays launched on buffer i, as the flag will count them
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._captured = False
         self.check_addresses = check_addresses
@@ -218,9 +198,6 @@ class GraphEngine(_GpuEngine):
 
     def _body(self, i: int, b: int) -> None:
         self.kstep.launch(*self.staging.upload(i, b), self._out[i][:b])
-        if self._use_flag:
-            w = i * FLAG_STRIDE
-            graph_done(self._counters[w: w + 1], self._flags[w: w + 1])
 
     def _graph_inputs(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self._out) + self.staging.addresses()
@@ -253,36 +230,16 @@ class GraphEngine(_GpuEngine):
         self.stream.synchronize()
         self._captured = True
         self._addresses = self._graph_inputs()
-        if self._use_flag:  # the warm-up's eager steps counted too
-            self._expected = [self._flags_mv[i * FLAG_STRIDE] for i in range(self.max_inflight)]
-        launcher = graph_launcher() if self.launch == "ctypes" else None
-        if launcher is not None:
-            try:
-                self._execs = {key: g.raw_cuda_graph_exec() for key, g in self.graphs.items()}
-            except RuntimeError:  # a torch whose graphs do not hand out the handle: replay()
-                launcher = None
-            self._stream_handle = self._replay_stream.cuda_stream
-        self._raw_launch = launcher
 
     def _launch(self, i: int, n: int) -> None:
         b = self.pad(i, n)
         self.staging.gather(i, b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
-        if self._raw_launch is not None:
-            err = self._raw_launch(self._execs[(i, b)], self._stream_handle)
-            if err:
-                raise EngineFailure(f"cudaGraphLaunch failed with cudaError {err}")
-        else:
-            self.graphs[(i, b)].replay()
-        if self._use_flag:
-            self._expected[i] += 1
-        else:
-            self._events[i].record(self._replay_stream)
+        self.graphs[(i, b)].replay()
+        self._events[i].record(self._replay_stream)
 
     def _done(self, i: int) -> bool:
-        if self._use_flag:
-            return self._flags_mv[i * FLAG_STRIDE] >= self._expected[i]
         return self._events[i].query()
 
     def _outputs(self, i: int) -> None:

@@ -59,7 +59,7 @@ def test_unknown_backends_are_refused_with_the_choices():
 
 def test_auto_leaves_small_products_to_numpy_without_timing_them(monkeypatch):
     timed = []
-    monkeypatch.setattr(P, "_median_times", lambda *ps: timed.append(ps) or [1.0, 0.0])
+    monkeypatch.setattr(P, "_best_times", lambda *ps: timed.append(ps) or [1.0, 0.0])
     a, b = _operands(4, 32, 16)  # 2,048 multiply-adds < TIMED_MIN
     assert P.bind_product(a, b, np.empty((4, 16), np.float32), "auto").backend == "numpy"
     assert timed == []
@@ -73,7 +73,7 @@ def test_auto_takes_torch_only_past_its_margin(monkeypatch, t_numpy, t_torch, ch
     def fake_times(*products):
         seen.append([p.backend for p in products])
         return [t_numpy, t_torch]
-    monkeypatch.setattr(P, "_median_times", fake_times)
+    monkeypatch.setattr(P, "_best_times", fake_times)
     a, b = _operands(64, 64, 64)  # 262,144 multiply-adds: timed
     out = np.empty((64, 64), np.float32)
     product = P.bind_product(a, b, out, "auto")
@@ -86,7 +86,7 @@ def test_auto_takes_torch_only_past_its_margin(monkeypatch, t_numpy, t_torch, ch
 def test_auto_really_times_both_and_binds_a_working_product():
     a, b = _operands(16, 1376, 128)
     out = np.empty((16, 128), np.float32)
-    t_numpy, t_torch = P._median_times(P.BoundProduct(a, b, out, "numpy"), P.BoundProduct(a, b, out, "torch"))
+    t_numpy, t_torch = P._best_times(P.BoundProduct(a, b, out, "numpy"), P.BoundProduct(a, b, out, "torch"))
     assert t_numpy > 0 and t_torch > 0
     product = P.bind_product(a, b, out, "auto")
     out[:] = np.nan
