@@ -40,6 +40,28 @@ def test_the_loop_keeps_ingesting_while_a_step_is_in_flight():
     assert counters["overlapped"] > 0 and counters["batches"] >= 1 and final.decided > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("engine", "model"), [("graph", ['model.preset="lstm_a"', 'model.mode="window"']),
+                                               ("graph", ['model.preset="mlp_small"']),
+                                               ("persistent", ['model.preset="lstm_a"', 'model.mode="window"'])])
+def test_the_loop_keeps_ingesting_while_a_device_step_is_in_flight(engine, model):
+    """The acceptance check of the asynchronous hot path on a GPU: the real engines (a CUDA graph
+    per bucket; a persistent kernel behind its request ring) in a real service, fed back to back,
+    read frames between a step's submit and its collect, and account for every event."""
+    overrides = ['model.checkpoint=""', *model, f'runner.engine="{engine}"', 'runner.device="cuda"',
+                 "universe.instruments=8"]
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(n_topics=9)
+        svc.send_quotes([(i % 8, i // 8) for i in range(2000)])  # back to back: frames arrive mid-step
+        final = svc.stop()
+        summary = svc.summary()
+    counters = summary["counters"]
+    assert summary["engine"] == engine  # the device engine itself, not a fallback
+    assert final.received == 2000 and final.pending == 0 and _identity(final)
+    assert final.decided > 0 and counters["batches"] >= 1
+    assert counters["overlapped"] > 0, counters
+
+
 def _plain_msgpack_batch(frame: bytes) -> list[dict]:
     """DecisionBatch as the README describes it, decoded with msgpack and struct alone."""
     f = msgpack.unpackb(frame, raw=False)
