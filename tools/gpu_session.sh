@@ -35,6 +35,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave13e # the overload sweeps again: lstm_a (EventBatch) and the default model, each beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave14 # GPU tests, the CPU engine's products on this host's core beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave14b # lstm_a and the default model at 10k, this tree and the baseline alternated
+#   tools/gpu_session.sh wave14c           # landing check: GPU engine tests, in-flight ingest on the device engines, the default config's sweep to 1M
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -154,6 +155,17 @@ e2e_run() {  # e2e_run base|new NAME RATE ARGS...: bench at RATE events/s (3 s a
   else
     bench "$name" 45 "${args[@]}"
   fi
+}
+
+pairs_10k() {  # lstm_a (gpu.toml) and the default model (graph, busy, pinned) at 10k: this tree and BASE_TGZ's,
+  # alternated, twice (new_g10k_K / base_g10k_K, new_d10k_K / base_d10k_K; setup_base first)
+  local k
+  for k in 1 2; do
+    e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
+    e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
+    e2e_run new new_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
+    e2e_run base base_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
+  done
 }
 
 pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-polling, baseline then this tree
@@ -688,12 +700,7 @@ elif [ "$phase" = wave13b ]; then
   gpu_tests 150 tests/integration/test_gpu_engines.py \
        tests/kernels/test_kernel_persistent.py tests/unit/test_row_gather.py tests/unit/test_stepper_answers.py
   hotpath_pair cycle 70 --only-low-rate --cycle-parts --low-rate 2000
-  for k in 1 2; do
-    e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
-    e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
-    e2e_run new new_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
-    e2e_run base base_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
-  done
+  pairs_10k
   summarize
   verbatim gpu_tests new_cycle base_cycle new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 new_g10k_2 base_g10k_2 \
            new_d10k_2 base_d10k_2
@@ -751,14 +758,19 @@ elif [ "$phase" = wave14 ]; then
 elif [ "$phase" = wave14b ]; then
   # lstm_a (gpu.toml) and the default model (graph, busy, pinned) at 10k, this tree and the baseline alternated
   setup_base
-  for k in 1 2; do
-    e2e_run new new_g10k_$k 10000 -c configs/gpu.toml
-    e2e_run base base_g10k_$k 10000 -c "$PWD/configs/gpu.toml"
-    e2e_run new new_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
-    e2e_run base base_d10k_$k 10000 --set 'ingest.poll_mode="busy"' --set 'cpu.cores="auto"'
-  done
+  pairs_10k
   summarize
   verbatim new_g10k_1 base_g10k_1 new_d10k_1 base_d10k_1 new_g10k_2 base_g10k_2 new_d10k_2 base_d10k_2
+elif [ "$phase" = wave14c ]; then
+  # landing check: the GPU engine tests, the device half of the in-flight ingest check, the products' and
+  # self-check's unit tests; then the default config's goodput sweep to 1M events/s (issue 12: >= 500k offered
+  # without collapse, decided >= 90 % of capacity) over EventBatch frames
+  gpu_tests 240 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/unit/test_products.py \
+       tests/unit/test_self_check.py
+  step overload_default 300 $PY tools/bench_overload.py --rates 100000,200000,500000,1000000 --duration 2 \
+       --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_default.json"
+  summarize
+  verbatim gpu_tests overload_default
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
