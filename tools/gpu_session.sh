@@ -764,13 +764,16 @@ elif [ "$phase" = wave14b ]; then
 elif [ "$phase" = wave14c ]; then
   # landing check: the GPU engine tests, the device half of the in-flight ingest check, the products' and
   # self-check's unit tests; then the default config's goodput sweep to 1M events/s (issue 12: >= 500k offered
-  # without collapse, decided >= 90 % of capacity) over EventBatch frames
+  # without collapse, decided >= 90 % of capacity) and lstm_a's goodput curve from 10k to 1M, over EventBatch frames
   gpu_tests 240 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/unit/test_products.py \
        tests/unit/test_self_check.py
   step overload_default 300 $PY tools/bench_overload.py --rates 100000,200000,500000,1000000 --duration 2 \
        --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_default.json"
+  step goodput_lstm_a 300 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" \
+       --rates 10000,50000,100000,200000,500000,1000000 --duration 2 --overload 3 --overload-duration 2 \
+       --feed-batch 256 --json "$WORK/goodput_lstm_a.json"
   summarize
-  verbatim gpu_tests overload_default
+  verbatim gpu_tests overload_default goodput_lstm_a
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
