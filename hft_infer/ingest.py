@@ -83,7 +83,14 @@ from hft_infer.clock import perf_ns
 from hft_infer.ingest_batch import EventBatchPaths
 from hft_infer.ingest_cold import IngestColdPaths
 from hft_infer.scheduler import NO_REQUEST
-from hft_infer.transport.codec import FLOAT_LIMIT, TS_LIMIT, IngressDecoder, _high_byte_masks, topic_for
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    FLOAT_LIMIT,
+    TS_LIMIT,
+    IngressDecoder,
+    _high_byte_masks,
+    topic_for,
+)
 from hft_infer.transport.schema import BYTES_PER_LEVEL, EventBatch, Kind, Quote, Reason, Trade
 
 # plain ints: enum flags build an enum per use
@@ -106,7 +113,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                  topic_frame: bool, max_frame_bytes: int, max_levels: int, model_levels: int, max_age_us: int,
                  class_by_slot_kind: list[list[int]], honour_message_priority: bool, classes: int,
                  publish_shed: bool, publish_rejected: bool, on_reset, max_batch_frame_bytes: int = 65536,
-                 rows_read: int = 0) -> None:
+                 rows_read: int = 0, batch_topic: bytes = BATCH_TOPIC) -> None:
         self.sock = sock
         self.ids = instrument_ids
         self.slot_of = {iid: s for s, iid in enumerate(instrument_ids)}
@@ -117,6 +124,10 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         self.answers = answers
         self.clock = clock
         self.topic_frame = topic_frame
+        # EventBatch frames come under this topic (codec.shard_batch_topic: BATCH_TOPIC unsharded,
+        # 8 bytes for a shard); an unsharded service also takes any shard's (its universe is all)
+        self.batch_topic = batch_topic
+        self._any_shard_batch = batch_topic == BATCH_TOPIC
         self.max_frame_bytes = max_frame_bytes
         self.max_batch_frame_bytes = max(max_batch_frame_bytes, max_frame_bytes)
         self.max_levels = max_levels
@@ -195,8 +206,13 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             n += 1
             if topic_frame:
                 if len(first) != 4:
-                    events += self._framing(first, None, perf_ns(), offset)
-                    continue
+                    if len(first) != 8:
+                        events += self._framing(first, None, perf_ns(), offset)
+                        continue
+                    if not self._batch_topic_ok(first):  # another shard's batch: drop the whole message
+                        events += self._framing(first, first, perf_ns(), offset)
+                        continue
+                    first = self.batch_topic  # a shard's batch topic: handled as ours from here on
                 try:
                     payload = recv(_NOBLOCK, False)  # a Frame: .more was read by recv, in C
                 except zmq.Again:  # the 4-byte frame was a whole message

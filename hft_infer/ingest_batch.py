@@ -28,7 +28,8 @@ depth admission), and the pushes one loop over columns
 "sequential" rows).
 
 Everything else -- a shorter run, another number of levels, any event that fails a check, a
-gap, a restart or a repeat in the sequence, a batch under another topic than BATCH_TOPIC, a
+gap, a restart or a repeat in the sequence, a batch under another topic than the service's batch
+topic (BATCH_TOPIC, or its shard's: codec.shard_batch_topic), a
 sequential run that would need more request ids than are free -- takes the general path: the
 batch is expanded into its Quote and Trade messages (codec.events_of_batch) and handled with the
 burst's other frames by the per-frame code, the one definition of every rule
@@ -41,7 +42,6 @@ from __future__ import annotations
 import numpy as np
 
 from hft_infer.transport.codec import (
-    BATCH_TOPIC,
     FLOAT_LIMIT,
     event_batch_shape_ok as shape_ok,
     events_of_batch,
@@ -152,7 +152,7 @@ class EventBatchPaths:
             return 0
         levels = self.levels
         if (all(r[0].n_levels == levels for r in run)
-                and (not self.topic_frame or all(r[1] == BATCH_TOPIC for r in run))
+                and (not self.topic_frame or all(r[1] == self.batch_topic for r in run))
                 and self._batch_columns([r[0] for r in run], [r[2] for r in run], offset)):
             return sum(r[0].n for r in run)
         flat_m: list = []
@@ -176,7 +176,7 @@ class EventBatchPaths:
         msgs.extend(events)
         if not self.topic_frame:
             tops.extend([None] * len(events))
-        elif top == BATCH_TOPIC:
+        elif top == self.batch_topic:
             topics = self._topic_of_id
             tops.extend([topics(e.instrument) for e in events])
         else:

@@ -16,7 +16,7 @@ import msgspec
 import zmq
 
 from hft_infer.scheduler import NO_REQUEST
-from hft_infer.transport.codec import TS_LIMIT, validate_quote, validate_trade
+from hft_infer.transport.codec import BATCH_TOPIC, TS_LIMIT, validate_quote, validate_trade
 from hft_infer.transport.schema import (
     ALL_INSTRUMENTS,
     MAX_INSTRUMENT_ID,
@@ -188,6 +188,11 @@ class IngestColdPaths:
                 and 0 <= instrument <= MAX_INSTRUMENT_ID and 0 <= seq < _U64_LIMIT):
             ts = ts_send if isinstance(ts_send, int) and 0 <= ts_send < TS_LIMIT else 0
             self.answers.add(instrument, seq, REJECTED, int(reason), 0, 0.0, 0, ts, t_recv + offset)
+
+    def _batch_topic_ok(self, topic: bytes) -> bool:
+        """An 8-byte topic frame: our shard's batch topic (codec.shard_batch_topic), or any
+        shard's when this service serves the whole universe (its batches hold our instruments)."""
+        return topic == self.batch_topic or (self._any_shard_batch and topic[:4] == BATCH_TOPIC)
 
     def _framing(self, topic, payload, t_recv: int, offset: int) -> int:
         """Wrong number of frames for the configured framing; returns events counted (1)."""

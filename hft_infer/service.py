@@ -49,7 +49,7 @@ from hft_infer.runner.worker import WorkerEngine
 from hft_infer.scheduler import Scheduler
 from hft_infer.stepper import Stepper
 from hft_infer.transport import sockets
-from hft_infer.transport.codec import feed_topics
+from hft_infer.transport.codec import feed_topics, shard_batch_topic
 from hft_infer.transport.schema import Kind, Reason
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
@@ -68,6 +68,8 @@ class Service:
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         ids = cfg.universe.owned_ids()
         self.instrument_ids = ids
+        # EventBatch frames of this shard's instruments come under their own topic (codec.py)
+        self.batch_topic = shard_batch_topic(cfg.universe.shard_index, cfg.universe.shard_count)
         self.n_slots = len(ids)
         rt = build_runtime(cfg, self.n_slots)
         self.model_version = rt.model_version
@@ -135,7 +137,7 @@ class Service:
         allow = cfg.security.allow_remote
         topics = None
         if cfg.ingest.topic_frame and cfg.ingest.transport == "zmq":  # instruments, service and batch topics
-            topics = feed_topics(self.instrument_ids)
+            topics = feed_topics(self.instrument_ids, self.batch_topic)
         egr = channels.open_egress(cfg, self.ctx, curve=curve_egress)
         self.egress_sock, self.endpoints["decisions"] = egr.sock, egr.address
         ing = channels.open_ingest(cfg, self.ctx, topics=topics, curve=curve_ingest)
@@ -167,7 +169,7 @@ class Service:
             model_levels=self.levels, max_age_us=sc.max_age_us, class_by_slot_kind=self.class_table,
             honour_message_priority=sc.honour_message_priority, classes=sc.classes,
             publish_shed=cfg.egress.publish_shed, publish_rejected=cfg.egress.publish_rejected,
-            on_reset=self._reset_slots, rows_read=self.window)
+            on_reset=self._reset_slots, rows_read=self.window, batch_topic=self.batch_topic)
         self.step = Stepper(engine=self.engine, sched=self.sched, store=self.store, ingester=self.ingest,
                             egress=self.egress, acct=self.acct, clock=self.clock, stages=self.stages,
                             instrument_ids=self.instrument_ids, inflight_rows=self._inflight_rows,

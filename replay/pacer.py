@@ -60,7 +60,7 @@ import zmq
 
 from hft_infer.clock import perf_ns
 from hft_infer.replay.events import KIND_QUOTE
-from hft_infer.transport.codec import BATCH_TOPIC, topic_for
+from hft_infer.transport.codec import BATCH_TOPIC, shard_batch_topic, topic_for
 from hft_infer.transport.schema import BYTES_PER_LEVEL, EventBatch, Quote, Trade
 from hft_infer.transport.shm import ShmPublisher
 
@@ -166,6 +166,19 @@ class FeedColumns:
                    events["ts_exchange_ns"].astype("<i8").tobytes(),
                    b"" if (prio == -1).all() else prio.astype("i1").tobytes(),
                    col("kind", "u1"), col("price", "<f8"), col("size", "<f8"), col("side", "i1"), book.tobytes())
+
+    def take(self, idx: np.ndarray) -> FeedColumns:
+        """The rows `idx` (feed order kept) as columns of their own: one shard's events."""
+        widths = {"instrument": 4, "seq": 8, "ts_exchange_ns": 8, "priority": 1, "kind": 1, "price": 8,
+                  "size": 8, "side": 1, "book": self.levels * 16}
+
+        def rows(name: str) -> bytes:
+            col = getattr(self, name)
+            if not col:
+                return b""
+            w = widths[name]
+            return np.frombuffer(col, dtype=np.uint8).reshape(-1, w)[idx].tobytes()
+        return FeedColumns(self.levels, self.batchable[idx], *(rows(name) for name in _COLUMNS))
 
     def batch(self, i: int, j: int, ts_send_ns: int) -> EventBatch:
         """Events i..j-1 (all batchable) as one EventBatch sent at `ts_send_ns`."""
@@ -319,12 +332,15 @@ class Pacer:
                  progress_hook: Callable[[int, int], object] | None = None,
                  progress_interval_s: float = 1.0, spin: bool = True,
                  idle_hook: Callable[[], object] | None = None, feed_batch: int = 1,
-                 feed_batch_us: float = 100.0) -> None:
+                 feed_batch_us: float = 100.0, shard_of: np.ndarray | None = None, shard_count: int = 1) -> None:
         """`idle_hook`: work to do in this thread while waiting (a collector sharing it);
         it delays every decision it reads while the pacer is busy sending, which is why
         `bench`/`replay` run their collector as a process of its own. `feed_batch`: send up to
         this many events that are due together as one EventBatch frame (needs `feed.columns`),
-        and no more than one frame per `feed_batch_us` (a frame due sooner waits for the rest)."""
+        and no more than one frame per `feed_batch_us` (a frame due sooner waits for the rest).
+        `shard_of` (the shard of each event, 0..shard_count-1) with `shard_count` > 1: the events
+        due together go as one EventBatch per shard, each under that shard's batch topic
+        (codec.shard_batch_topic), for `serve --shard I/N` services on one feed."""
         if len(feed) != offsets_ns.shape[0]:
             raise ValueError("one intended offset per frame")
         if feed_batch < 1:
@@ -342,6 +358,17 @@ class Pacer:
         self.spin = spin
         self.idle_hook = idle_hook
         self._stop = False
+        self._shards = None
+        if shard_count > 1 and feed_batch > 1:
+            if shard_of is None or len(shard_of) != len(feed):
+                raise ValueError("shard_count > 1 needs the shard of every event (shard_of)")
+            # per shard: its batch topic, its events' feed indices (sorted) and their columns, so
+            # that a shard's events among those due together are one slice of its own columns
+            self._shards = []
+            for k in range(shard_count):
+                idx = np.flatnonzero(shard_of == k)
+                if len(idx):
+                    self._shards.append((shard_batch_topic(k, shard_count), idx, feed.columns.take(idx).batch))
 
     def stop(self) -> None:
         """Stop sending (from another thread or a signal handler), at the next progress tick."""
@@ -427,6 +454,7 @@ class Pacer:
         next_progress = start + interval
         topic_frame = self.topic_frame
         spin = self.spin
+        shards, searchsorted = self._shards, np.searchsorted
         i = 0
         while i < n:
             target = targets[i]
@@ -443,9 +471,18 @@ class Pacer:
             if batchable[i]:  # every event due by now, up to `most` and the next unbatchable one
                 j = max(j, bisect_right(targets, now, i, min(i + most, stop_at[i])))
             if j - i > 1:
-                if topic_frame:
-                    send(BATCH_TOPIC, SNDMORE, True, False)
-                send(encode(make_batch(i, j, time_ns())), 0, True, False)
+                if shards is None:
+                    if topic_frame:
+                        send(BATCH_TOPIC, SNDMORE, True, False)
+                    send(encode(make_batch(i, j, time_ns())), 0, True, False)
+                else:  # one batch per shard of its events among i..j (a slice of its own columns)
+                    ts = time_ns()
+                    for topic, idx, shard_batch in shards:
+                        a, b = searchsorted(idx, (i, j)).tolist()
+                        if b > a:
+                            if topic_frame:
+                                send(topic, SNDMORE, True, False)
+                            send(encode(shard_batch(a, b, ts)), 0, True, False)
                 extend([now] * (j - i))
             else:
                 payload = payloads[i]

@@ -38,6 +38,19 @@ from hft_infer.transport.shm import ShmPublisher, service_of
 from hft_infer.transport.sockets import EndpointError, bind
 
 
+def _shards_of_events(path: str, feed) -> tuple[np.ndarray, int]:
+    """The shard of each of the feed's events, from --shard-map's instrument -> shard table."""
+    with np.load(path) as z:
+        ids, shard, count = z["ids"].astype(np.int64), z["shard"].astype(np.int64), int(z["count"])
+    order = np.argsort(ids)
+    ids, shard = ids[order], shard[order]
+    inst = np.frombuffer(feed.columns.instrument, dtype="<u4").astype(np.int64)
+    pos = np.minimum(np.searchsorted(ids, inst), len(ids) - 1)
+    if not (ids[pos] == inst).all():
+        raise ValueError("--shard-map: the feed has instruments that no shard owns")
+    return shard[pos], count
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pacer_proc")
     ap.add_argument("--feed", required=True)
@@ -55,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="send up to N events that are due together as one EventBatch frame (default 1: none)")
     ap.add_argument("--feed-batch-us", type=float, default=100.0,
                     help="with --feed-batch: at most one frame per this many µs (default 100)")
+    ap.add_argument("--shard-map", metavar="NPZ",
+                    help="with --feed-batch: arrays `ids` and `shard` (each instrument's shard) and `count`: one "
+                         "EventBatch per shard under its batch topic (the shard bench)")
     a = ap.parse_args(argv)
     slack = set_timer_slack()
     ctx = zmq_context(parse_cores(a.io_cores))
@@ -118,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.reset_first:
         _send_reset(pub, topic_frame=not a.no_topic_frame)
+    shard_of, shard_count = _shards_of_events(a.shard_map, feed) if a.shard_map and a.feed_batch > 1 else (None, 1)
     res = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin, progress_hook=progress,
-                feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us).run(start_mono_ns=go)
+                feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us, shard_of=shard_of,
+                shard_count=shard_count).run(start_mono_ns=go)
     np.savez(a.out, intended=res.intended_mono_ns, actual=res.actual_mono_ns, sent=np.int64(res.sent),
              elapsed_s=np.float64(res.elapsed_s))
     reply("done", res.sent)

@@ -21,6 +21,7 @@ from hft_infer.egress import Answers
 from hft_infer.features import FeatureStore
 from hft_infer.ingest import Ingest
 from hft_infer.scheduler import Scheduler
+from hft_infer.transport.codec import BATCH_TOPIC
 from hft_infer.transport.schema import Reason
 
 _ids = itertools.count()
@@ -37,7 +38,8 @@ class IngestRig:
     def __init__(self, *, instruments: int = 16, levels: int = 10, max_levels: int = 10, conflate: bool = True,
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
                  depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None,
-                 rows_read: int = 0, admission: str = "deadline", first_id: int = 0) -> None:
+                 rows_read: int = 0, admission: str = "deadline", first_id: int = 0,
+                 batch_topic: bytes = BATCH_TOPIC) -> None:
         """`first_id`: the universe's instrument ids are first_id, first_id + 1, ... (slot + first_id:
         0, the default, makes ids and slots equal, which hides a slot answered as an id)."""
         self.ctx = zmq.Context.instance()
@@ -61,7 +63,7 @@ class IngestRig:
             answers=self.answers, clock=EpochClock(), topic_frame=topic_frame, max_frame_bytes=max_frame_bytes,
             max_levels=max_levels, model_levels=levels, max_age_us=max_age_us, class_by_slot_kind=table,
             honour_message_priority=True, classes=4, publish_shed=True, publish_rejected=True,
-            on_reset=on_reset or self.resets.append, rows_read=rows_read)
+            on_reset=on_reset or self.resets.append, rows_read=rows_read, batch_topic=batch_topic)
 
     def send(self, parts: list[bytes]) -> int:
         """Send one message (its frames) and drain it; returns the frames the ingest read."""

@@ -68,10 +68,28 @@ SERVICE_TOPIC = topic_for(SERVICE_TOPIC_ID)
 BATCH_TOPIC = topic_for(BATCH_TOPIC_ID)
 
 
-def feed_topics(instrument_ids) -> list[bytes]:
+_SHARD = struct.Struct(">HH")
+
+
+def shard_batch_topic(index: int, count: int) -> bytes:
+    """The topic of EventBatch frames for shard `index` of `count` (8 bytes: BATCH_TOPIC, then
+    index and count as big-endian u16); BATCH_TOPIC itself for an unsharded service (count 1).
+
+    A shard owns some instruments only (universe.owned_ids), so a batch of the whole feed would
+    carry others' events, which it would reject; a publisher that knows the split sends each shard
+    a batch of its own instruments under this topic. ZeroMQ matches subscriptions by prefix: a
+    shard subscribes to its 8 bytes exactly, so it receives neither the other shards' batches nor
+    the unsharded BATCH_TOPIC's; an unsharded service subscribes to the 4-byte BATCH_TOPIC, which
+    is a prefix of every shard's topic, so it receives all of them (each holds its instruments)."""
+    if count < 1 or not 0 <= index < count or count > 0xFFFF:
+        raise ValueError(f"shard {index}/{count}: need 0 <= index < count <= 65535")
+    return BATCH_TOPIC if count == 1 else BATCH_TOPIC + _SHARD.pack(index, count)
+
+
+def feed_topics(instrument_ids, batch_topic: bytes = BATCH_TOPIC) -> list[bytes]:
     """The topics a service subscribes to on a topic-framed feed: each of its instruments', the
-    service topic (Heartbeat, Reset) and the batch topic (EventBatch)."""
-    return [topic_for(i) for i in instrument_ids] + [SERVICE_TOPIC, BATCH_TOPIC]
+    service topic (Heartbeat, Reset) and its batch topic (EventBatch: `shard_batch_topic`)."""
+    return [topic_for(i) for i in instrument_ids] + [SERVICE_TOPIC, batch_topic]
 
 
 def decision_batch_columns(batch: DecisionBatch) -> dict[str, np.ndarray]:
@@ -357,6 +375,7 @@ def message_tag(payload) -> int:
 
 __all__ = [
     "BATCH_TOPIC",
+    "shard_batch_topic",
     "Decision",
     "DecisionBatch",
     "EgressDecoder",

@@ -171,9 +171,6 @@ def run(args: argparse.Namespace):
         check_shard_count(args.shards, cfg, n_inst)
     if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
         raise UserError("--shard-collectors must be >= 1 and needs --shards")
-    if args.shards is not None and args.feed_batch > 1:
-        raise UserError("--feed-batch with --shards: an EventBatch goes to every shard (each would reject the "
-                        "others' events); the shard bench sends one event per frame")
     if args.shards is not None and args.collectors > 1:
         raise UserError("--collectors splits one service's topics; with --shards, --shard-collectors K gives "
                         "K collectors of N/K shards each")

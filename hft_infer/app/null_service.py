@@ -61,6 +61,7 @@ from hft_infer.transport.codec import (
     ReusableEncoder,
     event_batch_columns,
     feed_topics,
+    shard_batch_topic,
     topic_for,
 )
 from hft_infer.transport.schema import (
@@ -178,7 +179,8 @@ class NullService:
                 payload = recv(_NB)
                 got += 1
                 if topic_in:
-                    if len(payload) != 4:  # a message where its topic should be: single-frame
+                    # a message where its topic should be (a topic is 4 bytes, a shard's batch topic 8)
+                    if len(payload) != 4 and not (len(payload) == 8 and payload[:4] == BATCH_TOPIC):
                         self._reject(Reason.BAD_FRAMING)
                         continue
                     payload = recv(_NB)  # Again here: a lone topic frame at the end (below)
@@ -368,7 +370,8 @@ def serve(args: argparse.Namespace) -> int:
     report = apply_placement(plan, strict=cfg.cpu.strict, steps=[configure_zmq_context(ctx, plan)])
     check_transports(cfg)
     egr = channels.open_egress(cfg, ctx, curve=None)
-    topics = feed_topics(cfg.universe.owned_ids()) if cfg.ingest.topic_frame else None
+    batch_topic = shard_batch_topic(cfg.universe.shard_index, cfg.universe.shard_count)
+    topics = feed_topics(cfg.universe.owned_ids(), batch_topic) if cfg.ingest.topic_frame else None
     ing = channels.open_ingest(cfg, ctx, topics=topics, curve=None)
     ingest, ingest_ep, egress, egress_ep = ing.sock, ing.address, egr.sock, egr.address
     cls = ShmNullService if ing.shm or egr.shm else NullService

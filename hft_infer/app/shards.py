@@ -46,6 +46,7 @@ from hft_infer.app.drive import (
     Load,
     StatsReceiver,
     Target,
+    effective_feed_batch,
     machine_info,
     placed_hot_cores,
     restore_process,
@@ -69,7 +70,6 @@ from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames, load_sources
 from hft_infer.replay.pacer import save_feed
-from hft_infer.transport.codec import feed_topics
 
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
 
@@ -203,13 +203,21 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             os.sched_setaffinity(0, plan.helper_cores + plan.service_cores)
         ctx = zmq.Context()
         io = ",".join(map(str, plan.helper_cores)) if pinned else ""
-        # distinct subscriptions reach the XPUB once: every instrument's topic, and the service topic
-        n_topics = len(feed_topics(cfg.universe.all_ids()))
+        # distinct subscriptions reach the XPUB once: every instrument's topic, the service topic (all
+        # shards'), and each shard's batch topic (codec.shard_batch_topic)
+        n_topics = len(cfg.universe.all_ids()) + 1 + n
+        feed_batch = effective_feed_batch(cfg, load.feed, harness.feed_batch)
+        batching = []
+        if feed_batch > 1:  # one EventBatch per shard of the events due together (replay/pacer.py)
+            shard_map = os.path.join(work, "shards.npz")
+            ids = cfg.universe.all_ids()
+            np.savez(shard_map, ids=np.asarray(ids, dtype=np.int64), shard=np.arange(len(ids)) % n, count=n)
+            batching = ["--feed-batch", str(feed_batch), "--shard-map", shard_map]
         pacer = Child("pacer", "hft_infer.replay.pacer_proc",
                       ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),
                        "--out", os.path.join(work, "pacer.npz"), "--topics", str(n_topics), "--settle-ms", "0",
                        "--io-cores", io, *(["--core", str(plan.pacer_core)] if pinned else []),
-                       *(["--spin"] if plan.pacer_spin else [])], run_dir / "pacer.log")
+                       *(["--spin"] if plan.pacer_spin else []), *batching], run_dir / "pacer.log")
         children.append(pacer)
         wait_replies({pacer: "bound"}, 300.0)
         groups = [[s for s in shards if s.index % k_coll == k] for k in range(k_coll)]
@@ -340,7 +348,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         "aggregate": aggregate(per_shard, hists, stage_hists, sent, elapsed_s,
                                unowned=int(np.count_nonzero(~owned_any))),
         "warmup_events": load.measure_from,
-        "harness": plan.as_dict() | {"collectors": k_coll, "shards_per_collector": [len(g) for g in groups]},
+        "harness": plan.as_dict() | {"collectors": k_coll, "shards_per_collector": [len(g) for g in groups],
+                                     "feed_batch": feed_batch},
         "pacer_lateness_max_us": float(np.max(actual[:sent] - intended[:sent]) / 1e3) if sent else None,
         "run_dir": str(run_dir),
         "machine": machine_info(),

@@ -64,7 +64,9 @@ def shards_table(out: dict, title: str) -> str:
                f"duplicates: {agg['duplicates']:,}",
              f"harness: pacer {h['pacer']}" + (f" on core {h['pacer_core']}" if h["pacer_core"] is not None else "")
              + f", {h['collectors']} collector(s) ({h['collector']}; shards per collector "
-               f"{h['shards_per_collector']}); {h['reason']}"]
+               f"{h['shards_per_collector']}); feed: "
+             + (f"up to {h['feed_batch']} due events per EventBatch frame, one frame per shard"
+                if h.get("feed_batch", 1) > 1 else "one event per frame") + f"; {h['reason']}"]
     return "\n".join(lines)
 
 

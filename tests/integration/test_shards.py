@@ -74,3 +74,23 @@ def test_three_null_shards_with_a_collector_each(tmp_path):
     check_split(out, 3, int(rate * dur), n_inst, rate)
     assert out["harness"]["collectors"] == 3 and out["harness"]["shards_per_collector"] == [1, 1, 1]
     assert [p["instruments"] for p in out["per_shard"]] == [3, 2, 2]
+
+
+def test_two_shards_fed_event_batches_each_get_their_own_and_account_for_every_event(tmp_path):
+    """--feed-batch with --shards: the events due together go as one EventBatch per shard, under
+    that shard's batch topic (codec.shard_batch_topic); each shard reads only its own instruments'
+    batches, so nothing is rejected as another shard's, and every event ends in exactly one shard
+    (the served shards and the null-service floor alike)."""
+    rate, dur, warm, n_inst = 20000, 1.0, 0.3, 6
+    r, out = bench("--shards", "2", "--with-floor", "--feed-batch", "32", "--rate", str(rate), "--duration",
+                   str(dur), "--warmup", str(warm), "--instruments", str(n_inst), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = int(rate * warm) + int(rate * dur)
+    for res in (out, out["floor"]):
+        check_split(res, 2, n, n_inst, rate)
+        assert res["harness"]["feed_batch"] == 32
+        assert all(p["accounting"]["rejected"] == 0 for p in res["per_shard"])  # no other shard's events
+    assert "EventBatch frame, one frame per shard" in r.stdout
+    # the pacer did batch: at 20k events/s, 100 µs apart at most, most frames held several events
+    pacer_log = (tmp_path / "run" / "pacer.log").read_text()
+    assert "feed batch 32" in pacer_log

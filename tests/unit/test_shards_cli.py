@@ -32,7 +32,6 @@ def run(*args, tmp_path):
     (["--shards", "2", "--shard-collectors", "0"], "--shard-collectors must be >= 1 and needs --shards"),
     (["--shard-collectors", "2"], "--shard-collectors must be >= 1 and needs --shards"),
     (["--shards", "2", "--collectors", "2"], "with --shards, --shard-collectors K"),
-    (["--shards", "2", "--feed-batch", "64"], "--feed-batch with --shards"),
     (["--feed-batch", "0"], "--feed-batch must be 1..65536"),
 ])
 def test_bad_shard_options_are_one_line_and_exit_2_before_any_run(args, says, tmp_path):
