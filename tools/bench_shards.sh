@@ -30,7 +30,8 @@
 # space-separated, e.g. for a CPU-only test: 'ingest.poll_mode="event" runner.device="cpu"'),
 # CHECK_CORES=1 (0: run every N whatever `nproc` says: a logic test on a small machine), FLOOR=1
 # (0: no --with-floor runs, e.g. a second pass under tools/with_mps.sh, whose floor -- no GPU --
-# is the first pass's).
+# is the first pass's), FEED_BATCH=1 (>1: bench --feed-batch, one EventBatch per shard of the
+# events due together, under each shard's batch topic).
 #
 # The dev VM (2 cores, no GPU), a logic test that never spins two processes at once:
 #   SHARDS="1 2" RATE_PER_SHARD=300 CHECK_CORES=0 PY=.venv/bin/python \
@@ -55,6 +56,7 @@ CONFIG=${CONFIG:-configs/gpu.toml}
 EXTRA_SET=${EXTRA_SET:-}
 CHECK_CORES=${CHECK_CORES:-1}
 FLOOR=${FLOOR:-1}
+FEED_BATCH=${FEED_BATCH:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 START=$SECONDS
 
@@ -121,7 +123,7 @@ for item in "${order[@]}"; do
   # runs it in a process group of its own, which an outer kill would miss
   # shellcheck disable=SC2086  # margs is a list of words
   timeout -k 3 "$limit" $PY -m hft_infer bench -c "$CONFIG" $margs "${extra[@]}" --shards "$n" "${floor[@]}" \
-    --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" --instruments "$INSTRUMENTS" --quiet \
+    --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" --instruments "$INSTRUMENTS" --feed-batch "$FEED_BATCH" --quiet \
     --run-dir "$OUTDIR/runs/$name" --json "$json" > "$OUTDIR/runs/$name.out" 2> "$OUTDIR/runs/$name.err" &
   run_pid=$!
   wait "$run_pid"

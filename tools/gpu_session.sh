@@ -36,6 +36,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave14 # GPU tests, the CPU engine's products on this host's core beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave14b # lstm_a and the default model at 10k, this tree and the baseline alternated
 #   tools/gpu_session.sh wave14c           # landing check: GPU engine tests, in-flight ingest on the device engines, the default config's sweep to 1M
+#   tools/gpu_session.sh wave14d           # GPU tests; lstm_a shards 1/2/4/8 fed EventBatch frames (one per shard) under MPS, 60k/s each
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -774,6 +775,16 @@ elif [ "$phase" = wave14c ]; then
        --feed-batch 256 --json "$WORK/goodput_lstm_a.json"
   summarize
   verbatim gpu_tests overload_default goodput_lstm_a
+elif [ "$phase" = wave14d ]; then
+  # issue 18 with EventBatch feeds (one batch per shard under its own topic, codec.shard_batch_topic): the GPU
+  # engine tests and the shard-topic tests, then lstm_a shards at 60k/s each over EventBatch frames under MPS
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+       tests/unit/test_shard_batch_topic.py tests/unit/test_products.py
+  step shards_batched_mps 200 env BUDGET_S=195 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 \
+       SHARDS="1 2 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:2" \
+       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_batched_mps"
+  summarize
+  verbatim gpu_tests shards_batched_mps
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
