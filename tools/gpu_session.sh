@@ -37,6 +37,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave14b # lstm_a and the default model at 10k, this tree and the baseline alternated
 #   tools/gpu_session.sh wave14c           # landing check: GPU engine tests, in-flight ingest on the device engines, the default config's sweep to 1M
 #   tools/gpu_session.sh wave14d           # GPU tests; lstm_a shards 1/2/4/8 fed EventBatch frames (one per shard) under MPS, 60k/s each
+#   tools/gpu_session.sh wave14e           # landing check: the GPU engine, hot-path, shard-topic, products and self-check tests
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -785,6 +786,13 @@ elif [ "$phase" = wave14d ]; then
        bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_batched_mps"
   summarize
   verbatim gpu_tests shards_batched_mps
+elif [ "$phase" = wave14e ]; then
+  # landing check after wave14d: the GPU engine and hot-path tests (the Reset test with a deadline past the
+  # host's stalls), the shard-topic, products and self-check tests
+  gpu_tests 240 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+       tests/unit/test_shard_batch_topic.py tests/unit/test_products.py tests/unit/test_self_check.py
+  summarize
+  verbatim gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -170,7 +170,10 @@ def test_after_an_oversized_frame_the_sub_ingest_reconnects_and_decides_again():
 
 
 def test_a_reset_makes_a_second_replay_decide_exactly_like_the_first():
-    overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=4"]
+    # a deadline far past any stall of a busy test host (at the default 5 ms, one of 160 events was
+    # shed on the H200 host on a slow day, 2026-12-04): this test is about the Reset, not deadlines
+    overrides = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="stream"', "universe.instruments=4",
+                 "scheduler.max_age_us=2000000"]
     pairs = [(i % 4, i // 4) for i in range(80)]
     with ServiceUnderTest(overrides) as svc:
         svc.start(n_topics=5)
@@ -180,7 +183,8 @@ def test_a_reset_makes_a_second_replay_decide_exactly_like_the_first():
         final = svc.stop()
         counters = svc.summary()["counters"]
     decided = [d for d in svc.decisions() if d.status == Outcome.DECIDED]
-    assert len(decided) == 160 and counters["resets"] == 1 and final.rejected == 0
+    assert (final.received, final.shed, final.rejected, final.conflated) == (160, 0, 0, 0), final
+    assert len(decided) == 160 and counters["resets"] == 1
     first = {(d.instrument, d.seq): (d.score, d.action) for d in decided[:80]}
     second = {(d.instrument, d.seq): (d.score, d.action) for d in decided[80:]}
     assert first.keys() == second.keys()
