@@ -38,6 +38,7 @@
 #   tools/gpu_session.sh wave14c           # landing check: GPU engine tests, in-flight ingest on the device engines, the default config's sweep to 1M
 #   tools/gpu_session.sh wave14d           # GPU tests; lstm_a shards 1/2/4/8 fed EventBatch frames (one per shard) under MPS, 60k/s each
 #   tools/gpu_session.sh wave14e           # landing check: the GPU engine, hot-path, shard-topic, products and self-check tests
+#   tools/gpu_session.sh wave14f           # lstm_a shards (1, 8) over EventBatch under MPS with tf32 and bf16 products
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -793,6 +794,16 @@ elif [ "$phase" = wave14e ]; then
        tests/unit/test_shard_batch_topic.py tests/unit/test_products.py tests/unit/test_self_check.py
   summarize
   verbatim gpu_tests
+elif [ "$phase" = wave14f ]; then
+  # issue 18: does a cheaper product move the shards' GPU wall? lstm_a shards over EventBatch under MPS, 60k/s
+  # each, N = 1 and 8, with tf32 and with bf16 products (runner.precision; self-checked against the CPU)
+  for prec in tf32 bf16; do
+    step "shards_$prec" 120 env BUDGET_S=115 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 SHARDS="1 8" \
+         MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
+         bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_$prec"
+  done
+  summarize
+  verbatim shards_tf32 shards_bf16
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
