@@ -42,7 +42,10 @@ before the gap ends, waits for the gap and goes with what is due by then; so
 at 600k events/s the frames hold ~60-120 events, and at 10k events/s every
 event still goes alone and at once. Each event's actual send time is still recorded, so lateness and
 tick-to-decision count the wait for the batch. Quotes of another depth than
-the feed's and captured frames are never batched.
+the feed's and captured frames are never batched. For shards (`bench --shards
+N --feed-batch K`: `shard_of`, `shard_count`) the events due together go as one
+EventBatch per shard, under that shard's batch topic (codec.shard_batch_topic),
+each a slice of the shard's own columns (`FeedColumns.take`, made once).
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ BATCH_OVERHEAD_BYTES = 64
 # instrument, seq, ts_exchange_ns, ts_send_ns, priority, kind, price, size, side
 EVENT_BATCH_BYTES_PER_EVENT = 4 + 8 + 8 + 8 + 1 + 1 + 8 + 8 + 1
 _COLUMNS = ("instrument", "seq", "ts_exchange_ns", "priority", "kind", "price", "size", "side", "book")
+_BYTES_PER_EVENT = {"instrument": 4, "seq": 8, "ts_exchange_ns": 8, "priority": 1, "kind": 1, "price": 8, "size": 8,
+                    "side": 1}  # and book: levels x 16
 
 
 def max_batch_events(levels: int, max_frame_bytes: int) -> int:
@@ -169,14 +174,11 @@ class FeedColumns:
 
     def take(self, idx: np.ndarray) -> FeedColumns:
         """The rows `idx` (feed order kept) as columns of their own: one shard's events."""
-        widths = {"instrument": 4, "seq": 8, "ts_exchange_ns": 8, "priority": 1, "kind": 1, "price": 8,
-                  "size": 8, "side": 1, "book": self.levels * 16}
-
         def rows(name: str) -> bytes:
             col = getattr(self, name)
-            if not col:
+            if not col:  # an optional column the feed does not need
                 return b""
-            w = widths[name]
+            w = self.levels * 16 if name == "book" else _BYTES_PER_EVENT[name]
             return np.frombuffer(col, dtype=np.uint8).reshape(-1, w)[idx].tobytes()
         return FeedColumns(self.levels, self.batchable[idx], *(rows(name) for name in _COLUMNS))
 

@@ -12,7 +12,14 @@ from test_ingest_batch import batch_frame
 
 from hft_infer.replay.pacer import EncodedFeed, FeedColumns, Pacer
 from hft_infer.replay.synthetic import SyntheticConfig, generate
-from hft_infer.transport.codec import BATCH_TOPIC, IngressDecoder, feed_topics, shard_batch_topic, topic_for
+from hft_infer.transport.codec import (
+    BATCH_TOPIC,
+    IngressDecoder,
+    events_of_batch,
+    feed_topics,
+    shard_batch_topic,
+    topic_for,
+)
 from hft_infer.transport.schema import EventBatch, Reason
 
 
@@ -101,3 +108,14 @@ def test_a_zmq_pacer_needs_every_events_shard():
     feed = EncodedFeed([b""] * 10, [b""] * 10, [-1] * 10, FeedColumns.of_events(events))
     with zmq.Context() as ctx, ctx.socket(zmq.PUB) as sock, pytest.raises(ValueError, match="shard of every event"):
         Pacer(sock, feed, np.zeros(10, np.int64), feed_batch=8, shard_count=2)
+
+
+def test_a_shards_columns_hold_its_events_exactly():
+    events = generate(300, SyntheticConfig(instruments=5, seed=7))
+    cols = FeedColumns.of_events(events)
+    assert cols.kind, "the feed has trades: their columns are taken too"
+    idx = np.flatnonzero(events["instrument"] % 2 == 1)
+    mine = cols.take(idx)
+    got = events_of_batch(mine.batch(0, len(idx), 123))
+    want = [events_of_batch(cols.batch(i, i + 1, 123))[0] for i in idx.tolist()]
+    assert got == want and mine.batchable.tolist() == cols.batchable[idx].tolist()
