@@ -129,3 +129,31 @@ def test_preprocess_takes_the_split_form_from_split_min_elements_with_the_same_r
     raw3 = raw[: rows - rows % 2].reshape(2, -1, width)
     assert_same_transform(reference.preprocess(raw3), _whole_row(raw3))
     assert_same_transform(reference.preprocess(raw.astype(np.float64)), _whole_row(raw.astype(np.float64)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(raw=ROWS)
+def test_the_in_place_price_formula_equals_the_expression(raw):
+    """numpy's `_prices` runs the formula in place; the expression (torch's path, and what it
+    replaced) must give the same bits, NaN, inf, -0.0 and a non-positive mid included."""
+    mid = 0.5 * (raw[..., 0:1] + raw[..., 2:3])
+    mid_ok = mid > 0
+    safe = np.where(mid_ok, mid, np.ones_like(mid))
+    for px in (raw, raw[..., 0::2]):
+        want = np.where((px > 0) & mid_ok, (px - safe) / safe * reference.BPS, np.zeros_like(px))
+        got = reference._prices(px, raw, np)
+        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_features_normalised_in_place_equal_normalise_of_preprocess():
+    rng = np.random.default_rng(3)
+    raw = rng.uniform(-50, 200, size=(2, 40, 42)).astype(np.float32)
+    raw[0, 3, 7] = np.nan
+    mean = rng.standard_normal(42).astype(np.float32)
+    inv_std = rng.uniform(0.5, 2, 42).astype(np.float32)
+    for r in (raw, raw[0], raw[0, :1]):
+        want = reference.normalise(reference.preprocess(r), mean, inv_std)
+        got = reference.features(r, mean, inv_std)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # other dtypes or shapes take `normalise` as it is (float64 mean: float64 features)
+    assert reference.features(raw[0], mean.astype(np.float64), inv_std).dtype == np.float64
