@@ -108,7 +108,7 @@ def _prices(px, raw, xp):
         bps = px - safe
         bps /= safe
         bps *= BPS
-        drop = px > 0
+        drop = px > 0  # kept where the price and the mid are positive (NaN: not), zeroed elsewhere
         drop &= mid_ok
         np.logical_not(drop, out=drop)
         np.copyto(bps, 0.0, where=drop)

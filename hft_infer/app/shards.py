@@ -209,9 +209,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         feed_batch = effective_feed_batch(cfg, load.feed, harness.feed_batch)
         batching = []
         if feed_batch > 1:  # one EventBatch per shard of the events due together (replay/pacer.py)
-            shard_map = os.path.join(work, "shards.npz")
-            ids = cfg.universe.all_ids()
-            np.savez(shard_map, ids=np.asarray(ids, dtype=np.int64), shard=np.arange(len(ids)) % n, count=n)
+            shard_map = os.path.join(work, "shards.npz")  # each shard's own ids (universe.owned_ids)
+            np.savez(shard_map, ids=np.asarray([i for s in shards for i in s.owned], dtype=np.int64),
+                     shard=np.asarray([s.index for s in shards for _ in s.owned], dtype=np.int64), count=n)
             batching = ["--feed-batch", str(feed_batch), "--shard-map", shard_map]
         pacer = Child("pacer", "hft_infer.replay.pacer_proc",
                       ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),

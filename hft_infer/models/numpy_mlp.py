@@ -185,8 +185,8 @@ class MlpNumpyExecutor(PlannedProducts, Executor):
             self.upto[s] = p + 1
         return self.feat[s, i + r - w + 1: i + r + 1].reshape(-1)
 
-    def _windows(self, slots: np.ndarray, positions: np.ndarray, n: int, plan: _Plan) -> np.ndarray:
-        """Transform the new rows of a batch and gather its windows -> plan.x [n, W*(F+1)]."""
+    def _windows(self, slots: np.ndarray, positions: np.ndarray, n: int, plan: _Plan) -> None:
+        """Transform the new rows of a batch and gather its windows into plan.x [n, W*(F+1)]."""
         r, f = self.ring_len, self.width
         u = self.upto.take(slots, out=plan.u, mode="clip")
         base = np.multiply(slots, r, out=plan.base)  # s * R
@@ -210,7 +210,6 @@ class MlpNumpyExecutor(PlannedProducts, Executor):
             self.upto[slots] = u
         np.add(last[:, None], self._win_offsets, out=plan.win_idx)
         self._feat_flat.take(plan.win_idx_flat, axis=0, out=plan.x_rows, mode="clip")
-        return plan.x
 
     def _catch_up(self, slots: np.ndarray, positions: np.ndarray, n: int) -> None:
         """Transform every row a trigger's window needs that is not in the feature ring yet."""

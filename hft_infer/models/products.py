@@ -62,10 +62,10 @@ class BoundProduct:
 
 
 def bind_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, backend: str) -> BoundProduct:
-    """`out = a @ b` (2-D, float32, no allocation) bound to `backend` ("auto": the faster here).
-    `a` and `out` are scratch buffers the caller writes before each call; "auto" runs the
-    product on them while timing it, so their contents are overwritten (inputs read, out
-    written) and must be finite (zeros are fine)."""
+    """`out = a @ b` (2-D arrays of one float dtype, no allocation per call) bound to `backend`
+    ("auto": the faster here). The inputs are only read and `out` is written; "auto" runs the
+    product a few times on the buffers as they are at bind time while timing it, so `out` must
+    be scratch and the inputs must hold finite values (zeros are fine)."""
     if backend not in PRODUCT_BACKENDS:
         raise ValueError(f"products must be one of {PRODUCT_BACKENDS}, got {backend!r}")
     if backend != "auto":
