@@ -398,6 +398,36 @@ def prepare_lstm_weights(params: LstmParams, *, precision: str = "fp32", device:
 
 
 @dataclass(frozen=True)
+class LaunchGeometry:
+    """How one launched step is cut: hidden units per program (the weights are packed for it),
+    rows per tile (None: `launch_lstm`'s own rule) and warps per program."""
+    block_h: int
+    block_m: int | None
+    num_warps: int
+
+
+PHASED_MAX_PROGRAMS = 1024
+"""Grid cap of a launch per phase: no grid barrier, so no co-residency limit; large batches
+spread over more programs than the GPU has SMs."""
+
+
+def phased_geometry(rows: int, precision: str, hidden: int) -> LaunchGeometry:
+    """The geometry of a launch per phase for `rows` recurrent states (batch x open windows in
+    window mode, the batch in stream mode), from `tools/sweep_lstm_geometry.py` on the H200
+    (lstm_a, device time per step; BENCHMARKS.md wave 15): a few states want many programs over
+    few hidden units each (lstm_a batch 1, 50 states: 4 units x 16-row tiles, 128 programs, 11.7
+    us); many states want wider products that read each state row fewer times (batch 8, 400
+    states: 16 units x 32 rows, 19.0 us against 24.4 with 4 units; batch 64, 3,200 states: 16 x
+    128 rows, 67 us against 126 in fp32, 47.5 against 67 in tf32)."""
+    cap = max(4, triton.next_power_of_2(hidden))
+    if rows <= 128:
+        return LaunchGeometry(min(4, cap), 16, 4)
+    if rows <= 1024:
+        return LaunchGeometry(min(16, cap), 32, 4)
+    return LaunchGeometry(min(16, cap), 128, 8 if precision == "fp32" else 4)
+
+
+@dataclass(frozen=True)
 class LstmWorkspace:
     """Scratch for one model's steps, allocated once: the new h of every layer
     (fp32 [L * max_batch * states * H]), each program's layer-1 input projections

@@ -39,6 +39,8 @@
 #   tools/gpu_session.sh wave14d           # GPU tests; lstm_a shards 1/2/4/8 fed EventBatch frames (one per shard) under MPS, 60k/s each
 #   tools/gpu_session.sh wave14e           # landing check: the GPU engine, hot-path, shard-topic, products and self-check tests
 #   tools/gpu_session.sh wave14f           # lstm_a shards (1, 8) over EventBatch under MPS with tf32 and bf16 products
+#   BASE_TGZ=F tools/gpu_session.sh wave15 # GPU tests; the graph engine's LSTM step cut per batch size beside the baseline
+#   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -804,6 +806,31 @@ elif [ "$phase" = wave14f ]; then
   done
   summarize
   verbatim shards_tf32 shards_bf16
+elif [ "$phase" = wave15 ]; then
+  # the graph engine's LSTM step cut per batch size (kernels/lstm.py phased_geometry, one launch per phase): the
+  # GPU engine, kernel-step, capture and hot-path tests; the engines' step through the runner, this tree and
+  # BASE_TGZ's alternated (graph engine; lstm_a window and stream, lstm_b, mlp_small at batch 1, 8, 64)
+  setup_base
+  gpu_tests 230 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
+       tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py
+  for who in new base; do
+    py=$PY; [ "$who" = base ] && py="$base/py"
+    step "${who}_engines" 100 $py tools/bench_engines.py --quick --engines graph \
+         --models lstm_a/window,lstm_b/window,lstm_a/stream,mlp_small/window --batches 1,8,64 \
+         --json "$WORK/${who}_engines.json"
+  done
+  summarize
+  verbatim gpu_tests new_engines base_engines
+elif [ "$phase" = wave15b ]; then
+  # issue 18 with the step cut per batch size: lstm_a shards over EventBatch under MPS, 60k/s each, N = 1 and 8,
+  # fp32 and tf32
+  for prec in fp32 tf32; do
+    step "shards_$prec" 125 env BUDGET_S=120 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 SHARDS="1 8" \
+         MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
+         bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_$prec"
+  done
+  summarize
+  verbatim shards_fp32 shards_tf32
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -36,7 +36,7 @@ import time
 import numpy as np
 import torch
 
-from hft_infer.kernels.common import OUT_COLS, interpreting
+from hft_infer.kernels.common import OUT_COLS
 from hft_infer.runner.base import Engine, EngineFailure
 
 __all__ = ["EngineFailure", "GraphEngine", "KernelStep", "PersistentEngine"]
@@ -81,7 +81,8 @@ class KernelStep:
                              "model.window_method = \"recompute\" runs on the CPU engine")
         params = LstmParams.from_state_dict(model.lstm.state_dict(), model.head.weight.float(),
                                             model.head.bias.float(), mean, inv_std).to(torch.float32)
-        self.w = prepare_lstm_weights(params, precision=precision, device=dev)
+        self._params, self.precision = params, precision
+        self.w = prepare_lstm_weights(params, precision=precision, device=dev)  # the persistent kernel's packing
         self.stateful = True
 
     @property
@@ -91,22 +92,37 @@ class KernelStep:
         return self.window if self.kind == "mlp" else 1
 
     def alloc_launched(self, max_batch: int) -> None:
-        """Workspace and state for launched steps (the graph engine)."""
-        # one launch with grid barriers on a GPU; the interpreter (CPU tests) runs programs one
-        # after another, so it takes the L+1 launches
-        self._one_launch = not interpreting()
+        """Workspace and state for launched steps (the graph engine). An LSTM step is one launch
+        per phase (L + 1 graph nodes, no grid barrier: nothing needs its programs resident at once,
+        so shards sharing a GPU under MPS cannot starve each other's barriers, and a large batch
+        may use more programs than there are SMs), cut per batch size by `phased_geometry`, with
+        the weights packed once for each block_h that any batch size up to max_batch uses."""
         if self.kind == "mlp":
             return
-        n_slots = self.ring_h.shape[0]
-        if self.mode == "stream":
-            from hft_infer.kernels.lstm_stream import alloc_stream_state, alloc_stream_workspace
+        from hft_infer.kernels.lstm import (
+            PHASED_MAX_PROGRAMS,
+            alloc_lstm_workspace,
+            phased_geometry,
+            prepare_lstm_weights,
+        )
 
-            self.ws = alloc_stream_workspace(self.w, max_batch)
+        n_slots = self.ring_h.shape[0]
+        self._states = 1 if self.mode == "stream" else self.window
+        self._launched = {}
+        for b in range(1, max_batch + 1):
+            bh = phased_geometry(b * self._states, self.precision, self.w.hidden).block_h
+            if bh not in self._launched:
+                w = self.w if bh == self.w.block_h else prepare_lstm_weights(
+                    self._params, precision=self.precision, device=self.device, block_h=bh)
+                self._launched[bh] = (w, alloc_lstm_workspace(w, max_batch, self._states,
+                                                              max_programs=PHASED_MAX_PROGRAMS))
+        if self.mode == "stream":
+            from hft_infer.kernels.lstm_stream import alloc_stream_state
+
             self.h, self.c = alloc_stream_state(self.w, n_slots)
         else:
-            from hft_infer.kernels.lstm_window import alloc_window_state, alloc_window_workspace
+            from hft_infer.kernels.lstm_window import alloc_window_state
 
-            self.ws = alloc_window_workspace(self.w, max_batch, self.window)
             self.h, self.c = alloc_window_state(self.w, n_slots, self.window)
 
     def launch(self, slots: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
@@ -117,16 +133,20 @@ class KernelStep:
             from hft_infer.kernels.mlp import mlp_step
 
             mlp_step(self.w, self.ws, rows, slots, positions, self.thresholds, self.held, out, dense=True)
-        elif self.mode == "stream":
-            from hft_infer.kernels.lstm_stream import lstm_stream_step
-
-            lstm_stream_step(self.w, self.ws, self.h, self.c, rows.view(b, -1), slots, self.thresholds, self.held,
-                             out, positions=positions, persistent=self._one_launch)
         else:
+            from hft_infer.kernels.lstm import phased_geometry
+            from hft_infer.kernels.lstm_stream import lstm_stream_step
             from hft_infer.kernels.lstm_window import lstm_window_step
 
-            lstm_window_step(self.w, self.ws, self.h, self.c, rows.view(b, -1), slots, positions, self.thresholds,
-                             self.held, out, persistent=self._one_launch)
+            geo = phased_geometry(b * self._states, self.precision, self.w.hidden)
+            w, ws = self._launched[geo.block_h]
+            cut = {"persistent": False, "num_warps": geo.num_warps, "block_m": geo.block_m}
+            if self.mode == "stream":
+                lstm_stream_step(w, ws, self.h, self.c, rows.view(b, -1), slots, self.thresholds, self.held, out,
+                                 positions=positions, **cut)
+            else:
+                lstm_window_step(w, ws, self.h, self.c, rows.view(b, -1), slots, positions, self.thresholds,
+                                 self.held, out, **cut)
 
     def persistent(self, ring, *, max_programs: int | None = None):
         """The persistent kernel of this model behind `ring` (kernels/persistent.py; the ring

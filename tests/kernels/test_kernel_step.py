@@ -96,6 +96,27 @@ def test_kernel_step_agrees_with_the_cpu_engine(kind, mode):
     _agree(ref, ref_store, engine, store, kstep, n_slots, max_batch)
 
 
+def test_lstm_step_cut_per_batch_size_agrees_with_the_cpu_engine():
+    """Window states enough for every cut of `phased_geometry` (48, 192 and 1,536 rows at batch
+    1, 4 and 32): the weights packed for each block_h it uses, against the CPU engine."""
+    from hft_infer.kernels.lstm import phased_geometry
+
+    levels, n_slots, depth, max_batch, buckets = 2, 40, 8, 32, [1, 4, 32]
+    spec = ModelSpec(name="tiny_lstm_wide", kind="lstm", levels=levels, window=48, hidden=(32, 32))
+    model = build_model(spec, seed=5)
+    ref_store = FeatureStore(n_slots, levels, depth)
+    ref = EagerEngine(build_executor(model, ref_store.tensor, max_batch=max_batch, mode="window"),
+                      DecisionPolicy(0.05, 0.02, n_slots + 1, max_batch), buckets, ref_store.sink_slot,
+                      reason="reference")
+    store = FeatureStore(n_slots, levels, depth)
+    kstep = KernelStep(model, mode="window", window_method="incremental", ring_h=store.tensor, max_batch=max_batch,
+                       precision="fp32", threshold=0.05, hysteresis=0.02, device=_device())
+    engine = LaunchedEngine(kstep, buckets, store.sink_slot)
+    cuts = {phased_geometry(b * spec.window, "fp32", 32) for b in buckets}
+    assert len(cuts) == 3 and sorted(kstep._launched) == [4, 16]
+    _agree(ref, ref_store, engine, store, kstep, n_slots, max_batch, rows=120)
+
+
 def test_torch_step_agrees_with_the_cpu_engine():
     from hft_infer.runner.torch_step import TorchStep
 
