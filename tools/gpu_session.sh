@@ -40,6 +40,7 @@
 #   tools/gpu_session.sh wave14e           # landing check: the GPU engine, hot-path, shard-topic, products and self-check tests
 #   tools/gpu_session.sh wave14f           # lstm_a shards (1, 8) over EventBatch under MPS with tf32 and bf16 products
 #   BASE_TGZ=F tools/gpu_session.sh wave15 # GPU tests; the graph engine's LSTM step cut per batch size beside the baseline
+#   BASE_TGZ=F tools/gpu_session.sh wave15a # wave15's engine pairs alone
 #   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
@@ -192,6 +193,19 @@ hotpath_pair() {  # hotpath_pair NAME TIMEOUT ARGS...: tools/bench_hotpath.py AR
   step "new_$name" "$t" taskset -c 2-4 $PY tools/bench_hotpath.py "$@" --json "$WORK/new_$name.json"
   step "base_$name" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2-4 "$base/py" \
        tools/bench_hotpath.py "$@" --json "$WORK/base_$name.json"
+}
+
+engines_pairs() {  # the graph engine's step through the runner, this tree and BASE_TGZ's alternated, twice
+  # (lstm_a window and stream, lstm_b, mlp_small at batch 1, 8, 64; pinned to core 2; setup_base first)
+  local who py r
+  for r in 1 2; do
+    for who in new base; do
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      step "${who}_engines_$r" 100 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 $py \
+           tools/bench_engines.py --quick --engines graph --models lstm_a/window,lstm_b/window,lstm_a/stream,mlp_small/window \
+           --batches 1,8,64 --json "$WORK/${who}_engines_$r.json"
+    done
+  done
 }
 
 verbatim() {  # verbatim NAME...: each step's own table (its log past the provenance) into summary.md
@@ -813,14 +827,15 @@ elif [ "$phase" = wave15 ]; then
   setup_base
   gpu_tests 230 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
        tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py
-  for who in new base; do
-    py=$PY; [ "$who" = base ] && py="$base/py"
-    step "${who}_engines" 100 $py tools/bench_engines.py --quick --engines graph \
-         --models lstm_a/window,lstm_b/window,lstm_a/stream,mlp_small/window --batches 1,8,64 \
-         --json "$WORK/${who}_engines.json"
-  done
+  engines_pairs
   summarize
-  verbatim gpu_tests new_engines base_engines
+  verbatim gpu_tests new_engines_1 base_engines_1 new_engines_2 base_engines_2
+elif [ "$phase" = wave15a ]; then
+  # wave15's engine pairs alone (its baseline runs had failed: the tool's benchlib not on the path)
+  setup_base
+  engines_pairs
+  summarize
+  verbatim new_engines_1 base_engines_1 new_engines_2 base_engines_2
 elif [ "$phase" = wave15b ]; then
   # issue 18 with the step cut per batch size: lstm_a shards over EventBatch under MPS, 60k/s each, N = 1 and 8,
   # fp32 and tf32
