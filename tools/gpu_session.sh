@@ -41,6 +41,7 @@
 #   tools/gpu_session.sh wave14f           # lstm_a shards (1, 8) over EventBatch under MPS with tf32 and bf16 products
 #   BASE_TGZ=F tools/gpu_session.sh wave15 # GPU tests; the graph engine's LSTM step cut per batch size beside the baseline
 #   BASE_TGZ=F tools/gpu_session.sh wave15a # wave15's engine pairs alone
+#   BASE_TGZ=F tools/gpu_session.sh wave15c # 8 lstm_a shards under MPS, this tree and the baseline alternated
 #   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
@@ -846,6 +847,20 @@ elif [ "$phase" = wave15b ]; then
   done
   summarize
   verbatim shards_fp32 shards_tf32
+elif [ "$phase" = wave15c ]; then
+  # wave15b's 8 shards, this tree against BASE_TGZ's (one launch with grid barriers, 4 hidden units per program)
+  # alternated: tf32 twice, fp32 once
+  setup_base
+  for run in tf32:1 tf32:2 fp32:1; do
+    prec=${run%%:*}
+    for who in new base; do
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      step "shards8_${prec}_${who}_${run##*:}" 45 env PY="$py" BUDGET_S=42 FLOOR=0 RATE_PER_SHARD=60000 \
+           FEED_BATCH=256 DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
+           bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards8_${prec}_${who}_${run##*:}"
+    done
+  done
+  summarize
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
