@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 """KERNEL-LEVEL sweep of the launched LSTM step's geometry on one GPU: which (block_h, block_m,
-num_warps; one launch with grid barriers, one launch per phase, or the rows kernel of
-kernels/lstm_rows.py, where a program owns whole rows) is fastest per batch size.
+num_warps, one launch with grid barriers or one launch per phase) is fastest per batch size.
 Not the service's path (tools/bench_engines.py is); this drives `launch_lstm` directly on device
 inputs, as each graph engine bucket replays it.
 
     python3 tools/sweep_lstm_geometry.py [--models lstm_a,lstm_b,lstm_a_stream] [--batches 1,8,64]
         [--precisions fp32,tf32] [--block-h 4,8,16,32] [--block-m 0,16,32,64] [--warps 4,8]
-        [--launch one,phased,rows] [--k 20] [--reps 30] [--json PATH]
+        [--launch one,phased] [--k 20] [--reps 30] [--json PATH]
 
 block_m 0 = the launcher's own choice. Device time per step: CUDA events around a graph of k
 steps, median of the repetitions, / k. Every variant is checked against the default geometry
@@ -55,7 +54,7 @@ def parse_args(argv=None):
     a.batches, a.block_h, a.block_m, a.warps = ints(a.batches), ints(a.block_h), ints(a.block_m), ints(a.warps)
     a.precisions = [p for p in a.precisions.split(",") if p]
     a.launch = [x for x in a.launch.split(",") if x]
-    bad = [m for m in a.models if m not in MODELS] + [x for x in a.launch if x not in ("one", "phased", "rows")]
+    bad = [m for m in a.models if m not in MODELS] + [x for x in a.launch if x not in ("one", "phased")]
     if bad:
         ap.error(f"unknown model or launch: {bad}")
     return a
@@ -86,7 +85,6 @@ class Case:
 def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: int, launch: str, args,
                 weights_cache: dict) -> dict:
     from hft_infer.kernels.lstm import alloc_lstm_workspace, launch_lstm, prepare_lstm_weights
-    from hft_infer.kernels.lstm_rows import launch_lstm_rows
 
     key = (precision, block_h)
     if key not in weights_cache:
@@ -98,13 +96,9 @@ def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: i
     out = torch.zeros(case.batch, 5, device=case.dev)
 
     def step():
-        if launch == "rows":
-            launch_lstm_rows(w, ws, h, c, case.rows, case.slots, case.positions, case.thr, held, out,
-                             window=case.window_mode, block_m=block_m or 32, num_warps=warps)
-        else:
-            launch_lstm(w, ws, h, c, case.rows, case.slots, case.positions, case.thr, held, out, None,
-                        window=case.window_mode, persistent=launch == "one", num_warps=warps,
-                        block_m=block_m or None)
+        launch_lstm(w, ws, h, c, case.rows, case.slots, case.positions, case.thr, held, out, None,
+                    window=case.window_mode, persistent=launch == "one", num_warps=warps,
+                    block_m=block_m or None)
 
     step()  # compile, and the checked result: one step from (h0, c0)
     result = {"out": out[:, 2:].clone(), "h": h.clone(), "c": c.clone()}
@@ -133,14 +127,9 @@ def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: i
         times.append(e0.elapsed_time(e1) * 1e3 / args.k)
     nb = w.n_blocks
     rows = case.batch * case.states
-    if launch == "rows":
-        bm = block_m or 32
-        programs = -(-rows // bm)
-    else:
-        bm = block_m or min(64, max(16, 1 << max(0, (-(-rows // ws.max_split) - 1).bit_length())))
-        programs = nb * min(ws.max_split, -(-rows // bm))
+    bm = block_m or min(64, max(16, 1 << max(0, (-(-rows // ws.max_split) - 1).bit_length())))
     return {"device_us": statistics.median(times), "min_us": min(times), "result": result,
-            "programs": programs, "block_m_used": bm}
+            "programs": nb * min(ws.max_split, -(-rows // bm)), "block_m_used": bm}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

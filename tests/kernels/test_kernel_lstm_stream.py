@@ -12,7 +12,6 @@ from kernels_testlib import TOL, check_out, make_lstm, make_rows, make_schedule,
 
 from hft_infer.kernels.common import COL_LOGITS, OUT_COLS, features_reference
 from hft_infer.kernels.lstm import prepare_lstm_weights
-from hft_infer.kernels.lstm_rows import launch_lstm_rows
 from hft_infer.kernels.lstm_stream import (
     alloc_stream_state,
     alloc_stream_workspace,
@@ -36,7 +35,6 @@ class Case:
     ring: bool = False
     recompute_every: int = 1
     block_m: int | None = None
-    rows_kernel: bool = False  # kernels/lstm_rows.py: a program owns whole rows (no ring write)
 
 
 def _cases():
@@ -48,8 +46,6 @@ def _cases():
         Case("cpu", 2, 8, 2, "bf16", 4, False, (3, 2, 3), 3),
         # 19 entries: two 16-row tiles over a split grid (2 x 2 programs)
         Case("cpu", 1, 6, 1, "fp32", 4, False, (18, 17), 18, block_m=16),
-        # the rows kernel: 19 entries over two 16-row programs; H=10 over 4-unit blocks
-        Case("cpu", 1, 10, 2, "fp32", 4, False, (18, 17, 3), 18, block_m=16, rows_kernel=True),
     ]
     mixed = (1, 8, 64, 64, 3, 64, 17, 64, 1, 64)
     # (tf32 and the phased launch of the real presets are covered by the window tests: same kernel)
@@ -61,10 +57,8 @@ def _cases():
         Case("cuda", 3, 45, 2, "fp32", 8, True, (100, 1, 77, 100, 5), 100, ring=True),
         Case("cuda", 3, 45, 3, "bf16", 4, False, (100, 1, 77, 100, 5), 100),
     ]
-    gpu += [Case("cuda", 10, 128, 2, p, 16, False, mixed * 3, 64, recompute_every=5, block_m=16, rows_kernel=True)
-            for p in ("fp32", "bf16")]
     ids = lambda c: (f"{c.device}-{c.precision}-L{c.layers}xH{c.hidden}-bh{c.block_h}-"  # noqa: E731
-                     f"{'rows' if c.rows_kernel else 'persistent' if c.persistent else 'phased'}")
+                     f"{'persistent' if c.persistent else 'phased'}")
     return ([pytest.param(c, id=ids(c)) for c in cpu]
             + [pytest.param(c, marks=pytest.mark.gpu, id=ids(c)) for c in gpu])
 
@@ -108,12 +102,8 @@ def test_lstm_stream_matches_references(case: Case):
         h_before, c_before = h[idle].clone(), c[idle].clone()
         prev, prev32, prev64 = held[slots.long()].clone(), held32[slots.long()].clone(), held64[slots.long()].clone()
 
-        if case.rows_kernel:
-            launch_lstm_rows(w, ws, h, c, rows.to(dev), slots, positions, t32, held, out, window=False,
-                             block_m=case.block_m)
-        else:
-            lstm_stream_step(w, ws, h, c, rows.to(dev), slots, t32, held, out, positions=positions, ring=ring,
-                             persistent=case.persistent, block_m=case.block_m)
+        lstm_stream_step(w, ws, h, c, rows.to(dev), slots, t32, held, out, positions=positions, ring=ring,
+                         persistent=case.persistent, block_m=case.block_m)
         out32 = lstm_stream_reference(p32, h32, c32, rows.to(dev), slots, t32, held32,
                                       torch.empty(n, OUT_COLS, device=dev))
         out64 = lstm_stream_reference(p64, h64, c64, rows.to(dev), slots, t64, held64,

@@ -11,7 +11,6 @@ import torch
 from kernels_testlib import TOL, check_out, make_lstm, make_rows, make_schedule, rel_err, require_device
 
 from hft_infer.kernels.common import COL_LOGITS, OUT_COLS, features_reference
-from hft_infer.kernels.lstm_rows import launch_lstm_rows
 from hft_infer.kernels.lstm_window import (
     alloc_window_state,
     alloc_window_workspace,
@@ -37,7 +36,6 @@ class Case:
     ring: bool = True
     recompute_every: int = 1
     block_m: int | None = None
-    rows_kernel: bool = False  # kernels/lstm_rows.py: a program owns whole rows (no ring write)
 
 
 def _cases():
@@ -50,13 +48,6 @@ def _cases():
         Case("cpu", 2, 3, 8, 2, "bf16", 4, False, (2, 2, 2, 2), 2),
         # 16-row tiles: 4 entries x 6 windows = 24 rows, two tiles over a split grid (2 x 2 programs)
         Case("cpu", 1, 6, 7, 1, "fp32", 4, False, (3, 3, 3), 3, ring=False, block_m=16),
-        # the rows kernel: H=10 over 4-unit blocks (the last half empty); 3 entries x 5 windows in one tile,
-        # each instrument past 2W rows (every window restarted and emitted)
-        Case("cpu", 2, 5, 10, 2, "fp32", 4, False, (3,) * 10 + (2, 1, 3, 2, 1, 3), 3, ring=False, block_m=16,
-             rows_kernel=True),
-        # ... 3 x 6 = 18 rows: two 16-row programs, an entry's windows split between them; bf16 weights
-        Case("cpu", 1, 6, 8, 2, "bf16", 4, False, (3,) * 8 + (2, 3, 1, 3), 3, ring=False, block_m=16,
-             rows_kernel=True),
     ]
     long = (64,) * 52 + (1, 8, 64, 5, 64, 1, 8, 64)  # every instrument past W=50 rows, then mixed batches
     gpu = [Case("cuda", 10, 50, 128, 2, p, 4, True, long, 64, recompute_every=7) for p in ("fp32", "tf32", "bf16")]
@@ -67,14 +58,8 @@ def _cases():
         Case("cuda", 3, 7, 45, 2, "fp32", 8, True, (20, 1, 7, 20, 3, 20, 20, 11, 20, 20, 2), 20),
         Case("cuda", 3, 7, 45, 3, "bf16", 4, False, (20, 1, 7, 20, 3, 20, 20, 11, 20, 20, 2), 20),
     ]
-    gpu += [Case("cuda", 10, 50, 128, 2, p, 16, False, long, 64, ring=False, recompute_every=7, block_m=32,
-                 rows_kernel=True) for p in ("fp32", "tf32", "bf16")]
-    gpu += [Case("cuda", 10, 50, 256, 3, "fp32", 32, False, long, 64, ring=False, recompute_every=7, block_m=16,
-                 rows_kernel=True),
-            Case("cuda", 3, 7, 45, 2, "fp32", 8, False, (20, 1, 7, 20, 3, 20, 20, 11, 20, 20, 2), 20, ring=False,
-                 block_m=64, rows_kernel=True)]
     ids = lambda c: (f"{c.device}-{c.precision}-L{c.layers}xH{c.hidden}-W{c.window}-bh{c.block_h}-"  # noqa: E731
-                     f"{'rows' if c.rows_kernel else 'persistent' if c.persistent else 'phased'}")
+                     f"{'persistent' if c.persistent else 'phased'}")
     return ([pytest.param(c, id=ids(c)) for c in cpu]
             + [pytest.param(c, marks=pytest.mark.gpu, id=ids(c)) for c in gpu])
 
@@ -132,12 +117,8 @@ def test_lstm_window_matches_references(case: Case):
         h_before, c_before = h[idle].clone(), c[idle].clone()
         prev, prev32, prev64 = held[slots.long()].clone(), held32[slots.long()].clone(), held64[slots.long()].clone()
 
-        if case.rows_kernel:
-            launch_lstm_rows(w, ws, h, c, rows.to(dev), slots, positions, t32, held, out, window=True,
-                             block_m=case.block_m)
-        else:
-            lstm_window_step(w, ws, h, c, rows.to(dev), slots, positions, t32, held, out, ring=ring,
-                             persistent=case.persistent, block_m=case.block_m)
+        lstm_window_step(w, ws, h, c, rows.to(dev), slots, positions, t32, held, out, ring=ring,
+                         persistent=case.persistent, block_m=case.block_m)
         out32 = lstm_window_reference(p32, h32, c32, rows.to(dev), slots, positions, t32, held32,
                                       torch.empty(n, OUT_COLS, device=dev))
         out64 = lstm_window_reference(p64, h64, c64, rows.to(dev), slots, positions, t64, held64,
