@@ -8,8 +8,9 @@ state, the decision policy's held positions) on the device, allocated once.
   loop writes batch k+1 while batch k runs) and each bucket, a CUDA graph of
   one host-to-device copy node (the buffer's slots, positions and the rows
   that `runner/staging.py` gathered from the host ring at submit) and the
-  model's kernel, which reads device memory only and writes the decisions
-  into the buffer's pinned outputs. (Kernels reading pinned host memory are
+  model's kernel (an LSTM's: one launch per phase, cut per batch size by
+  `kernels/lstm.py` `phased_geometry`), which reads device memory only and
+  writes the decisions into the buffer's pinned outputs. (Kernels reading pinned host memory are
   served ~one PCIe transaction at a time on the H200 host: staging.py says
   what that measured.) A step is one `replay()` and an event; `poll`
   queries the event. Captured once at start-up, largest bucket first, in one
