@@ -39,6 +39,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 import torch
+from benchlib import graph_device_us
 
 MODELS = {"lstm_a": ("lstm_a", "window"), "lstm_b": ("lstm_b", "window"), "mlp_small": ("mlp_small", "mlp"),
           "lstm_a_stream": ("lstm_a", "stream")}
@@ -347,16 +348,7 @@ def _bench_launched_batch(st: Setup, b: int, args, results: list) -> None:
     with torch.cuda.graph(gk, stream=s):
         for _ in range(args.device_k):
             step(rows_d, slots_d, pos_d, out_d)
-    gk.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20 if args.quick else 100):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        gk.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / args.device_k)
+    times = graph_device_us(gk, args.device_k, 20 if args.quick else 100)
     results[-1]["device_us"] = statistics.median(times)
     results[-2]["device_us"] = statistics.median(times)
 

@@ -95,6 +95,24 @@ def percentile_table(stages: dict[str, dict], *, title: str = "", first: str = "
 # --------------------------------------------------------------------------- JSON with provenance
 
 
+def graph_device_us(graph, steps_per_replay: int, reps: int) -> list[float]:
+    """Device µs per step of a captured CUDA graph that holds `steps_per_replay` steps: CUDA
+    events around each of `reps` replays, after one untimed replay."""
+    import torch
+
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / steps_per_replay)
+    return times
+
+
 def _git(*args: str) -> str | None:
     try:
         r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,

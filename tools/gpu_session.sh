@@ -196,6 +196,16 @@ hotpath_pair() {  # hotpath_pair NAME TIMEOUT ARGS...: tools/bench_hotpath.py AR
        tools/bench_hotpath.py "$@" --json "$WORK/base_$name.json"
 }
 
+shards_1_8() {  # shards_1_8 TIMEOUT PRECISION...: step shards_PRECISION, lstm_a shards N = 1 and 8 over EventBatch
+  # frames under MPS, 60k events/s each, with runner.precision = PRECISION
+  local t=$1 prec; shift
+  for prec in "$@"; do
+    step "shards_$prec" "$t" env BUDGET_S=$(( t - 5 )) FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 \
+         SHARDS="1 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
+         bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_$prec"
+  done
+}
+
 engines_pairs() {  # the graph engine's step through the runner, this tree and BASE_TGZ's alternated, twice
   # (lstm_a window and stream, lstm_b, mlp_small at batch 1, 8, 64; pinned to core 2; setup_base first)
   local who py r
@@ -811,16 +821,14 @@ elif [ "$phase" = wave14e ]; then
        tests/unit/test_shard_batch_topic.py tests/unit/test_products.py tests/unit/test_self_check.py
   summarize
   verbatim gpu_tests
-elif [ "$phase" = wave14f ]; then
-  # issue 18: does a cheaper product move the shards' GPU wall? lstm_a shards over EventBatch under MPS, 60k/s
-  # each, N = 1 and 8, with tf32 and with bf16 products (runner.precision; self-checked against the CPU)
-  for prec in tf32 bf16; do
-    step "shards_$prec" 120 env BUDGET_S=115 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 SHARDS="1 8" \
-         MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
-         bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_$prec"
-  done
+elif [ "$phase" = wave14f ] || [ "$phase" = wave15b ]; then
+  # issue 18: lstm_a shards over EventBatch under MPS, 60k/s each, N = 1 and 8. wave14f: does a cheaper product
+  # move the shards' GPU wall (tf32 and bf16 products: runner.precision, self-checked against the CPU)? wave15b:
+  # fp32 and tf32 with the graph engine's step cut per batch size
+  precs="tf32 bf16"; [ "$phase" = wave15b ] && precs="fp32 tf32"
+  shards_1_8 125 $precs
   summarize
-  verbatim shards_tf32 shards_bf16
+  verbatim $(for p in $precs; do echo "shards_$p"; done)
 elif [ "$phase" = wave15 ]; then
   # the graph engine's LSTM step cut per batch size (kernels/lstm.py phased_geometry, one launch per phase): the
   # GPU engine, kernel-step, capture and hot-path tests; the engines' step through the runner, this tree and
@@ -837,16 +845,6 @@ elif [ "$phase" = wave15a ]; then
   engines_pairs
   summarize
   verbatim new_engines_1 base_engines_1 new_engines_2 base_engines_2
-elif [ "$phase" = wave15b ]; then
-  # issue 18 with the step cut per batch size: lstm_a shards over EventBatch under MPS, 60k/s each, N = 1 and 8,
-  # fp32 and tf32
-  for prec in fp32 tf32; do
-    step "shards_$prec" 125 env BUDGET_S=120 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 SHARDS="1 8" \
-         MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" EXTRA_SET="runner.precision=\"$prec\"" \
-         bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_$prec"
-  done
-  summarize
-  verbatim shards_fp32 shards_tf32
 elif [ "$phase" = wave15c ]; then
   # wave15b's 8 shards, this tree against BASE_TGZ's (one launch with grid barriers, 4 hidden units per program)
   # alternated: tf32 twice, fp32 once

@@ -25,6 +25,7 @@ import statistics
 import sys
 
 import torch
+from benchlib import graph_device_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
 
@@ -115,16 +116,7 @@ def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: i
     with torch.cuda.graph(g, stream=s):
         for _ in range(args.k):
             step()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / args.k)
+    times = graph_device_us(g, args.k, args.reps)
     nb = w.n_blocks
     rows = case.batch * case.states
     bm = block_m or min(64, max(16, 1 << max(0, (-(-rows // ws.max_split) - 1).bit_length())))
