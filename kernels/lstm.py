@@ -400,9 +400,9 @@ def prepare_lstm_weights(params: LstmParams, *, precision: str = "fp32", device:
 @dataclass(frozen=True)
 class LaunchGeometry:
     """How one launched step is cut: hidden units per program (the weights are packed for it),
-    rows per tile (None: `launch_lstm`'s own rule) and warps per program."""
+    rows per tile and warps per program."""
     block_h: int
-    block_m: int | None
+    block_m: int
     num_warps: int
 
 
