@@ -472,6 +472,28 @@ def _signature_type(value) -> str:
     raise TypeError(f"no Triton signature type for {type(value).__name__}")
 
 
+def compile_launch(fn, args: tuple, kwargs: dict, arch: int = 90, **options):
+    """Compile the launch `fn[grid](*args, **kwargs)` for CUDA sm_`arch` without a GPU (Triton's
+    bundled ptxas): the compiled kernel (`.asm["ptx"]`, `.metadata.shared`, ...). kwargs are the
+    constexprs and launch options; `options` (num_warps, num_stages) replace the launch's own."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kwargs = dict(kwargs)
+    options = {**{k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}, **options}
+    if interpreting():
+        raise RuntimeError("compiling for a GPU needs TRITON_INTERPRET unset "
+                           "(the interpreter's kernels do not compile)")
+    names = fn.arg_names
+    if len(args) + len(kwargs) != len(names):
+        raise ValueError(f"{fn.__name__} takes {len(names)} arguments, the launch gives {len(args) + len(kwargs)}")
+    signature = {name: _signature_type(v) for name, v in zip(names, args)}
+    signature.update({name: "constexpr" for name in kwargs})
+    constexprs = {(names.index(k),): v for k, v in kwargs.items()}
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
 class PersistentKernel:
     """Life cycle of one persistent kernel behind a RequestRing: subclasses provide
     `_launch_spec()` (the one launch that serves until the stop flag), `_zero_state()` and
@@ -507,23 +529,8 @@ class PersistentKernel:
         """Compile the launch for CUDA sm_`arch` without a GPU (Triton's bundled ptxas) and
         return its stages (`["ptx"]`, `["ttgir"]`, ...): the code the device would run.
         options (num_warps, num_stages) replace the launch's own (tests of the check)."""
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
         fn, _, args, kwargs = self._launch_spec()
-        kwargs = dict(kwargs)
-        options = {**{k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}, **options}
-        if interpreting():
-            raise RuntimeError("compile_asm needs TRITON_INTERPRET unset (the interpreter's kernels do not compile)")
-        names = fn.arg_names
-        if len(args) + len(kwargs) != len(names):
-            raise ValueError(f"{fn.__name__} takes {len(names)} arguments, the launch gives {len(args) + len(kwargs)}")
-        signature = {name: _signature_type(v) for name, v in zip(names, args)}
-        signature.update({name: "constexpr" for name in kwargs})
-        constexprs = {(names.index(k),): v for k, v in kwargs.items()}
-        compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", arch, 32), options=options)
-        return compiled.asm
+        return compile_launch(fn, args, kwargs, arch, **options).asm
 
     def _zero_state(self) -> None:
         raise NotImplementedError
