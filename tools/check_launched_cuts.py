@@ -21,43 +21,22 @@ TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
+from kernel_compile import add_arch_argument, build_cases, cpu_kernel_step, recording, refuse_interpreter
 
 DEFAULT_CASES = "lstm_a,lstm_a:tf32,lstm_a:bf16,lstm_a/stream,lstm_b"
-N_SLOTS = 64
 
 
 def build_step(case: str, max_batch: int):
     """The KernelStep of `case` (preset[/mode][:precision]) with its launched workspaces, on the CPU."""
-    from hft_infer.features import FeatureStore
-    from hft_infer.models.checkpoint import load_model
-    from hft_infer.runner.gpu import KernelStep
-
-    name, _, precision = case.partition(":")
-    preset, _, mode = name.partition("/")
-    model, _ = load_model("", preset=preset, seed=0)
-    if model.spec.kind != "lstm":
-        raise ValueError(f"{preset} is not an LSTM (the MLP's step has one cut)")
-    store = FeatureStore(N_SLOTS, model.spec.levels, max(model.spec.window, 1) + 64)
-    kstep = KernelStep(model, mode=mode or "window", window_method="incremental", ring_h=store.tensor,
-                       max_batch=max_batch, precision=precision or "fp32", threshold=0.1, hysteresis=0.05,
-                       device="cpu")
+    kstep = cpu_kernel_step(case, max_batch)
+    if kstep.kind != "lstm":
+        raise ValueError(f"{case} is not an LSTM (the MLP's step has one cut)")
     kstep.alloc_launched(max_batch)
     return kstep
-
-
-class _Recorder:
-    """Stands in for a jit function: `fn[grid](*args, **kwargs)` records the launch."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple] = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
 
 
 def recorded_launches(kstep, b: int) -> list[tuple]:
@@ -71,27 +50,21 @@ def recorded_launches(kstep, b: int) -> list[tuple]:
     slots = torch.zeros(b, dtype=torch.int64)
     rows = torch.zeros(b, kstep.staged_rows, kstep.features, dtype=torch.float32)
     out = torch.zeros(b, OUT_COLS, dtype=torch.float32)
-    recorder, real = _Recorder(), lstm_module._lstm_kernel
-    lstm_module._lstm_kernel = recorder
-    try:
+    with recording(lstm_module, "_lstm_kernel") as launches:
         kstep.launch(slots, slots.clone(), rows, out)
-    finally:
-        lstm_module._lstm_kernel = real
-    return [(grid, args, {**kwargs, "HOST_IN": False}) for grid, args, kwargs in recorder.launches]
+    return [(grid, args, {**kwargs, "HOST_IN": False}) for grid, args, kwargs in launches]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES,
                     help="comma-separated preset[/window|/stream][:fp32|tf32|bf16] (default: %(default)s)")
-    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default: %(default)s, Hopper)")
+    add_arch_argument(ap)
     ap.add_argument("--max-batch", type=int, default=64, help="largest batch (default: %(default)s)")
     ap.add_argument("--max-shared", type=int, default=232448,
                     help="shared memory bytes a block may use (default: %(default)s, sm_90)")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("check_launched_cuts: unset TRITON_INTERPRET (the interpreter's kernels do not compile)",
-              file=sys.stderr)
+    if refuse_interpreter("check_launched_cuts"):
         return 2
     if args.max_batch < 1:
         ap.error("--max-batch must be >= 1")
@@ -102,12 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     print(f"{'case':20s} {'batches':>9s} {'block_h':>7s} {'block_m':>7s} {'warps':>5s} {'phase':>5s} "
           f"{'shared B':>8s} {'compile s':>9s}  problem")
-    for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
-        try:
-            kstep = build_step(case, args.max_batch)
-        except (ValueError, KeyError) as exc:
-            print(f"check_launched_cuts: case {case!r}: {exc}", file=sys.stderr)
-            return 2
+    steps = build_cases("check_launched_cuts", args.cases, lambda case: build_step(case, args.max_batch))
+    if steps is None:
+        return 2
+    for case, kstep in steps:
         cuts: dict[tuple, list[int]] = {}
         for b in range(1, args.max_batch + 1):
             _, _, kw = recorded_launches(kstep, b)[0]

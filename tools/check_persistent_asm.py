@@ -19,14 +19,13 @@ TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
+from kernel_compile import add_arch_argument, build_cases, cpu_kernel_step, refuse_interpreter
 
 DEFAULT_CASES = "floor,mlp_small,mlp_small:bf16,lstm_a,lstm_a/stream,lstm_b,lstm_a:bf16"
-N_SLOTS = 64
 MAX_BATCH = 64
 MAX_INFLIGHT = 2
 
@@ -37,18 +36,9 @@ def build_kernel(case: str, sms: int):
 
     if case == "floor":
         return FloorKernel(RequestRing(MAX_BATCH, width=4, n_requests=MAX_INFLIGHT + 1), "cpu")
-    from hft_infer.features import FeatureStore
-    from hft_infer.models.checkpoint import load_model
-    from hft_infer.runner.gpu import KernelStep, PersistentEngine
+    from hft_infer.runner.gpu import PersistentEngine
 
-    name, _, precision = case.partition(":")
-    preset, _, mode = name.partition("/")
-    model, _ = load_model("", preset=preset, seed=0)
-    spec = model.spec
-    store = FeatureStore(N_SLOTS, spec.levels, max(spec.window, 1) + 64)
-    kstep = KernelStep(model, mode=mode or "window", window_method="incremental", ring_h=store.tensor,
-                       max_batch=MAX_BATCH, precision=precision or "fp32", threshold=0.1, hysteresis=0.05,
-                       device="cpu")
+    kstep = cpu_kernel_step(case, MAX_BATCH)
     ring = PersistentEngine.request_ring(kstep, max_batch=MAX_BATCH, max_inflight=MAX_INFLIGHT)
     return kstep.persistent(ring, max_programs=sms)
 
@@ -57,14 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES,
                     help="comma-separated: floor, or preset[/window|/stream][:fp32|tf32|bf16] (default: %(default)s)")
-    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default: %(default)s, Hopper)")
+    add_arch_argument(ap)
     ap.add_argument("--sms", type=int, default=132, help="SMs the LSTM kernels may use (default: %(default)s, H200)")
     ap.add_argument("--num-stages", type=int, default=None,
                     help="compile with this many pipeline stages instead of the launch's own")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("check_persistent_asm: unset TRITON_INTERPRET (the interpreter's kernels do not compile)",
-              file=sys.stderr)
+    if refuse_interpreter("check_persistent_asm"):
         return 2
     if args.sms < 1:
         ap.error("--sms must be >= 1")
@@ -74,12 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     options = {} if args.num_stages is None else {"num_stages": args.num_stages}
     failed = 0
     print(f"{'kernel':24s} {'programs':>8s} {'volatile ld':>11s} {'compile s':>9s}  problems")
-    for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
-        try:
-            kernel = build_kernel(case, args.sms)
-        except (ValueError, KeyError) as exc:
-            print(f"check_persistent_asm: case {case!r}: {exc}", file=sys.stderr)
-            return 2
+    kernels = build_cases("check_persistent_asm", args.cases, lambda case: build_kernel(case, args.sms))
+    if kernels is None:
+        return 2
+    for case, kernel in kernels:
         t0 = time.perf_counter()
         ptx = kernel.compile_asm(args.arch, **options)["ptx"]
         problems = asm_problems(ptx)

@@ -26,6 +26,7 @@ import sys
 
 import torch
 from benchlib import graph_device_us
+from kernel_compile import recording
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
 
@@ -85,6 +86,7 @@ class Case:
 
 def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: int, launch: str, args,
                 weights_cache: dict) -> dict:
+    from hft_infer.kernels import lstm as lstm_module
     from hft_infer.kernels.lstm import alloc_lstm_workspace, launch_lstm, prepare_lstm_weights
 
     key = (precision, block_h)
@@ -103,9 +105,12 @@ def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: i
 
     step()  # compile, and the checked result: one step from (h0, c0)
     result = {"out": out[:, 2:].clone(), "h": h.clone(), "c": c.clone()}
+    with recording(lstm_module, "_lstm_kernel") as launches:  # the launcher's grid and tile rows
+        step()
+    (grid_x, grid_y), _, consts = launches[0]
+    cut = {"programs": grid_x * grid_y, "block_m_used": consts["BLOCK_M"]}
     if case.dev.type == "cpu":
-        return {"device_us": float("nan"), "min_us": float("nan"), "result": result, "programs": 0,
-                "block_m_used": block_m}
+        return {"device_us": float("nan"), "min_us": float("nan"), "result": result, **cut}
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -117,11 +122,7 @@ def run_variant(case: Case, precision: str, block_h: int, block_m: int, warps: i
         for _ in range(args.k):
             step()
     times = graph_device_us(g, args.k, args.reps)
-    nb = w.n_blocks
-    rows = case.batch * case.states
-    bm = block_m or min(64, max(16, 1 << max(0, (-(-rows // ws.max_split) - 1).bit_length())))
-    return {"device_us": statistics.median(times), "min_us": min(times), "result": result,
-            "programs": nb * min(ws.max_split, -(-rows // bm)), "block_m_used": bm}
+    return {"device_us": statistics.median(times), "min_us": min(times), "result": result, **cut}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -6,19 +6,11 @@ tests/kernels switch the interpreter on). The launches are those of the engine's
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "check_launched_cuts.py"
+from tool_run import run_compile_tool
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=ROOT)
+def _run(*args: str):
+    return run_compile_tool("check_launched_cuts.py", *args)
 
 
 def _rows(stdout: str) -> list[list[str]]:

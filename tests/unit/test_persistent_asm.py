@@ -7,19 +7,11 @@ TRITON_INTERPRET (the kernels' tests in tests/kernels switch the interpreter on)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "check_persistent_asm.py"
+from tool_run import run_compile_tool
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=ROOT)
+def _run(*args: str):
+    return run_compile_tool("check_persistent_asm.py", *args)
 
 
 def test_every_persistent_kernel_reads_requests_and_state_coherently():
@@ -47,6 +39,5 @@ def test_bad_arguments_are_refused_with_a_reason():
     proc = _run("--cases", "no_such_preset")
     assert proc.returncode == 2
     assert "no_such_preset" in proc.stderr
-    env_proc = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
+    env_proc = run_compile_tool("check_persistent_asm.py", interpreter=True)
     assert env_proc.returncode == 2 and "TRITON_INTERPRET" in env_proc.stderr
