@@ -57,3 +57,20 @@ def encode_frames(events: np.ndarray, ts_send_ns: np.ndarray | None = None) -> l
         ts = int(ts_send_ns[i]) if ts_send_ns is not None else 0
         out.append((topic_for(int(row["instrument"])), encode(to_message(row, ts))))
     return out
+
+
+def busiest_instrument(instruments: np.ndarray, elapsed_s: float) -> dict | None:
+    """The instrument with the most events in `instruments` (an event table's column), its share
+    of them and its events/s over `elapsed_s`.
+
+    A stateful model steps one row per instrument per step (scheduler.py), so it cannot decide
+    more than steps/s x (events / busiest's events) events per second: the busiest instrument's
+    rate is the step rate such a model needs, whatever the batch size (docs/notes/replay.md,
+    *Where scaling stops*). None for no events."""
+    if instruments.size == 0:
+        return None
+    ids, counts = np.unique(instruments, return_counts=True)
+    k = int(np.argmax(counts))
+    n = int(counts[k])
+    return {"id": int(ids[k]), "events": n, "share": n / instruments.size,
+            "per_s": n / elapsed_s if elapsed_s > 0 else None}

@@ -58,6 +58,7 @@ from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames
+from hft_infer.replay.events import busiest_instrument
 from hft_infer.replay.pacer import max_batch_events, save_feed
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, feed_topics, message_tag, topic_for
 from hft_infer.transport.schema import TAG_STATUS
@@ -77,6 +78,7 @@ class StatsReceiver:
         bind(self.sock, endpoint)
         self.snapshots = []
         self.measure_after_ns = None  # epoch ns: intervals that started before this are warm-up
+        self.measure_until_ns = None  # epoch ns: the feed's last intended send (counter_rate)
         self.hists = {}
 
     def poll(self) -> None:
@@ -94,6 +96,29 @@ class StatsReceiver:
     def summary(self) -> dict:
         return {s: summarize(self.hists[s]) if s in self.hists else summarize(new_histogram())
                 for s in SERVICE_STAGES}
+
+    def measure(self, load: Load, start_ns: int) -> None:
+        """Measure `load` sent on a schedule that starts at `start_ns` (perf ns): from its first
+        event after the warm-up to its last intended send."""
+        epoch = EpochClock().epoch
+        if load.measure_from:
+            self.measure_after_ns = epoch(start_ns + int(load.offsets_ns[load.measure_from]))
+        if len(load.offsets_ns):
+            self.measure_until_ns = epoch(start_ns + int(load.offsets_ns[-1]))
+
+    def counter_rate(self, name: str) -> float | None:
+        """A cumulative counter's rate (per s) over the snapshot intervals that lie wholly inside
+        the measured feed [measure_after_ns, measure_until_ns] (neither warm-up nor the drain after
+        the feed); None when no interval does (a run shorter than two of metrics.stats_interval_ms)."""
+        lo, hi = self.measure_after_ns or 0, self.measure_until_ns
+        prev, total, span_ns = None, 0, 0
+        for s in self.snapshots:
+            value = s.counters.get(name, 0)
+            if prev is not None and s.ts_ns - s.interval_ns >= lo and (hi is None or s.ts_ns <= hi):
+                total += value - prev
+                span_ns += s.interval_ns
+            prev = value
+        return total / (span_ns / 1e9) if span_ns > 0 else None
 
 
 @dataclass
@@ -270,8 +295,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                 f"free (planned {plan.service_cores}): the measurement shares cores")
         say(f"{label}: service ready; sending {len(load.feed):,} events ({load.description}); {plan.describe()}")
         start = perf_ns() + START_LEAD_NS
-        if stats is not None and load.measure_from:
-            stats.measure_after_ns = EpochClock().epoch(start + int(load.offsets_ns[load.measure_from]))
+        if stats is not None:
+            stats.measure(load, start)
         run_schedule(pacer, collectors, load, start, label=label, quiet=quiet, idle=idle)
         if service is not None:
             service.proc.terminate()
@@ -340,6 +365,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "send_to_service_recv": result.send_to_service_recv,
         "pacer_lateness": summarize(lateness),
         "accounting": result.accounting,
+        "busiest_instrument": busiest_instrument(load.events["instrument"][:sent], elapsed_s),
+        "steps_per_s": stats.counter_rate("batches") if stats is not None else None,
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
                          f"warm-up events",
@@ -450,10 +477,24 @@ def result_table(out: dict, title: str) -> str:
              + (f" x{h['collectors']}" if h["collectors"] > 1 else "")
              + (f"; feed: up to {h['feed_batch']} due events per EventBatch frame"
                 if h.get("feed_batch", 1) > 1 else "; feed: one event per frame") + f"; {h['reason']}",
+             feed_line(out),
              f"accounting (all {acc['sent']:,} events sent, the {out['warmup_events']:,} warm-up events included; "
              f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
                                                               for k, v in acc.items())]
     return "\n".join(lines)
+
+
+def feed_line(out: dict) -> str:
+    """The busiest instrument's rate beside the model's step rate: a stateful model steps one row
+    per instrument per step, so it keeps up only while steps/s >= the busiest instrument's events/s."""
+    b, steps = out.get("busiest_instrument"), out.get("steps_per_s")
+    text = "feed: no events" if not b else (
+        f"feed: the busiest instrument ({b['id']}) carries {b['share']:.1%} of the events, "
+        + (f"{b['per_s']:,.0f}/s" if b["per_s"] else "-"))
+    return text + ("; the service stepped " + (f"{steps:,.0f} steps/s" if steps is not None else "- steps/s (no "
+                                                 "stats interval inside the measured feed)")
+                   + " (a stateful model keeps up only while steps/s >= the busiest instrument's events/s)"
+                   if "steps_per_s" in out and out.get("service") != "null" else "")
 
 
 def floor_table(floor: dict, main: dict) -> str:

@@ -61,7 +61,7 @@ from hft_infer.app.launcher import (
     private_runtime_dir,
     tail,
 )
-from hft_infer.clock import EpochClock, perf_ns
+from hft_infer.clock import perf_ns
 from hft_infer.config import Config, expand_endpoint, load_config, to_toml_dict
 from hft_infer.errors import UserError
 from hft_infer.metrics import TICK_TO_DECISION, new_histogram, summarize
@@ -69,6 +69,7 @@ from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames, load_sources
+from hft_infer.replay.events import busiest_instrument
 from hft_infer.replay.pacer import save_feed
 
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
@@ -270,11 +271,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         say(f"{label}: {n} shard(s) ready; sending {len(load.feed):,} events ({load.description}); "
             f"{plan.describe()}")
         start = perf_ns() + START_LEAD_NS
-        if load.measure_from:
-            after = EpochClock().epoch(start + int(load.offsets_ns[load.measure_from]))
-            for st in stats:
-                if st is not None:
-                    st.measure_after_ns = after
+        for st in stats:
+            if st is not None:
+                st.measure(load, start)
         run_schedule(pacer, coll, load, start, label=label, quiet=quiet, idle=idle)
         for svc in services:
             svc.proc.terminate()
@@ -332,6 +331,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "stages": st.summary() if st is not None else {},
             TICK_TO_DECISION: res.tick_to_decision, "send_to_service_recv": res.send_to_service_recv,
             "accounting": res.accounting, "decided_per_s": res.accounting["decided"] / elapsed_s if elapsed_s else 0.0,
+            "busiest_instrument": busiest_instrument(inst[idx], elapsed_s),
+            "steps_per_s": st.counter_rate("batches") if st is not None else None,
             "duplicates": res.duplicates, "unmatched_decisions": res.unmatched,
             "service_exit_code": svc.proc.returncode, "service_cores_seen": cores_seen,
             "run_dir": str(run_dir / f"shard{s.index}")})
@@ -355,6 +356,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         "machine": machine_info(),
     } | ({"null_service": {"egress": target.null_egress, "delay_us": target.null_delay_us}} if target.null else {}) \
       | (extra or {})
+    steps = [p["steps_per_s"] for p in per_shard]
+    out["aggregate"]["steps_per_s"] = None if None in steps else sum(steps)
+    out["aggregate"]["busiest_instrument"] = busiest_instrument(inst, elapsed_s)
     merged = out["aggregate"].pop("_tick_histogram")
     if merged.get_total_count():
         write_hgrm(merged, str(run_dir / f"{TICK_TO_DECISION}.hgrm"))

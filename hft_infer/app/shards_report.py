@@ -23,6 +23,8 @@ _COLUMNS = (
     ("rejected", lambda r: r["accounting"]["rejected"]),
     ("lost", lambda r: r["accounting"]["lost"]),
     ("decided/s", lambda r: round(r["decided_per_s"])),
+    ("steps/s", lambda r: None if r.get("steps_per_s") is None else round(r["steps_per_s"])),
+    ("busiest/s", lambda r: None if not r.get("busiest_instrument") else round(r["busiest_instrument"]["per_s"] or 0)),
     ("t2d p50 µs", lambda r: r[TICK_TO_DECISION]["p50_us"]),
     ("p99", lambda r: r[TICK_TO_DECISION]["p99_us"]),
     ("p99.9", lambda r: r[TICK_TO_DECISION]["p999_us"]),
@@ -58,6 +60,9 @@ def shards_table(out: dict, title: str) -> str:
              f"tick_to_decision (t2d): intended send time -> decision received, decided events after the "
              f"{out['warmup_events']:,} warm-up events; service: receive -> decision sent, inside each shard; "
              f"the 'all' row adds the shards' histograms",
+             "steps/s: the shard's model steps per second (measured intervals); busiest/s: the events/s of the "
+             "shard's busiest instrument, the step rate a stateful model needs to decide every event "
+             "(one row per instrument per step)",
              f"accounting (all {acc['sent']:,} events of the one feed, warm-up included): "
              + ", ".join(f"{k}={v:,}" for k, v in acc.items())
              + f"; answers from the wrong shard or for no event: {agg['unmatched_decisions']:,}, "

@@ -44,12 +44,19 @@ def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float)
     for k in ("decided", "shed", "conflated", "rejected"):
         assert agg[k] == sum(p["accounting"][k] for p in per)
     assert out["aggregate"]["tick_to_decision"]["count"] == sum(p["tick_to_decision"]["count"] for p in per)
+    # each shard's busiest instrument, from the feed bench generated (seed 1)
+    inst = generate(n_events, SyntheticConfig(instruments=n_inst, seed=1, rate_hz=rate))["instrument"]
+    for k, p in enumerate(per):
+        ids, counts = np.unique(inst[inst % shards == k], return_counts=True)
+        b = p["busiest_instrument"]
+        assert b["events"] == counts.max() and b["id"] in ids[counts == counts.max()]
+    assert out["aggregate"]["busiest_instrument"]["events"] == max(p["busiest_instrument"]["events"] for p in per)
 
 
 def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one(tmp_path):
     rate, dur, warm, n_inst = 1500, 1.0, 0.5, 6
     r, out = bench("--shards", "2", "--with-floor", "--rate", str(rate), "--duration", str(dur), "--warmup",
-                   str(warm), "--instruments", str(n_inst), tmp_path=tmp_path)
+                   str(warm), "--instruments", str(n_inst), "--set", "metrics.stats_interval_ms=200", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     n = int(rate * warm) + int(rate * dur)
     check_split(out, 2, n, n_inst, rate)
@@ -57,13 +64,14 @@ def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one
     assert out["service"] == "child" and out["floor"]["service"] == "null"
     for p in out["per_shard"]:
         assert p["engine"] == "eager" and p["stages"]["service"]["count"] > 0  # its own control endpoint
+        assert p["steps_per_s"] > 0  # from its snapshots inside the measured second
         assert (tmp_path / "run" / f"shard{p['shard'][0]}" / "service.log").exists()
     assert out["aggregate"]["stages"]["service"]["count"] == sum(p["stages"]["service"]["count"]
                                                                  for p in out["per_shard"])
     assert set(out["vs_floor"]) == {"p50_us", "p99_us", "p999_us"}
     text = r.stdout
     assert "hft-infer bench --shards 2" in text and "floor: the null service in 2 shard(s)" in text
-    assert "\nall " in text and "service / floor" in text
+    assert "\nall " in text and "service / floor" in text and "busiest/s" in text
 
 
 def test_three_null_shards_with_a_collector_each(tmp_path):

@@ -1,0 +1,63 @@
+"""What bench and replay report beside the accounting: the busiest instrument's events/s
+(replay.events.busiest_instrument) and the service's steps/s from its interval snapshots
+(drive.StatsReceiver.counter_rate, fed over a real PUSH/PULL pair)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from hft_infer.app.drive import Load, StatsReceiver
+from hft_infer.clock import EpochClock, perf_ns
+from hft_infer.replay.events import busiest_instrument
+from hft_infer.transport.stats import Snapshot, encode_snapshot
+
+
+def test_the_busiest_instrument_is_the_one_with_most_events():
+    inst = np.array([5, 9, 9, 2, 9, 5, 7], dtype=np.uint32)
+    b = busiest_instrument(inst, elapsed_s=0.5)
+    assert b == {"id": 9, "events": 3, "share": 3 / 7, "per_s": 6.0}
+    assert busiest_instrument(inst[:0], 1.0) is None
+    assert busiest_instrument(inst, 0.0)["per_s"] is None
+
+
+def snapshot(end_ns: int, interval_ns: int, batches: int) -> Snapshot:
+    return Snapshot(service="t", pid=1, ts_ns=end_ns, interval_ns=interval_ns, engine="eager", engine_reason="",
+                    model_version="m", counters={"batches": batches}, rejected_by_reason={}, gauges={}, stages={},
+                    histogram_highest_ns=10**9, histogram_digits=3)
+
+
+def test_steps_per_second_counts_only_intervals_wholly_inside_the_measured_feed(tmp_path):
+    ctx = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/control"
+    recv = StatsReceiver(ctx, endpoint)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(endpoint)
+    try:
+        # the feed: 10 events 100 ms apart, the first 3 warm-up; the schedule starts at `start`
+        start = perf_ns()
+        load = Load(events=np.zeros(10), feed=None, offsets_ns=np.arange(10) * 100_000_000, measure_from=3)
+        recv.measure(load, start)
+        t0 = EpochClock().epoch(start)  # another clock object: equal within its calibration's noise
+        assert abs(recv.measure_after_ns - t0 - 300_000_000) < 10_000
+        assert abs(recv.measure_until_ns - t0 - 900_000_000) < 10_000
+        ms = 1_000_000
+        # cumulative counts at the end of 200 ms intervals: warm-up [0, 200], straddling [200, 400],
+        # inside [400, 600] and [600, 800], straddling the end [800, 1000] (the drain)
+        for end, batches in ((200, 1_000), (400, 2_000), (600, 2_500), (800, 3_300), (1_000, 9_000)):
+            push.send(encode_snapshot(snapshot(t0 + end * ms, 200 * ms, batches)))
+        deadline = time.monotonic() + 5
+        while len(recv.snapshots) < 5 and time.monotonic() < deadline:
+            recv.poll()
+            time.sleep(0.01)
+        assert len(recv.snapshots) == 5
+        # (3,300 - 2,000) steps over the two inner intervals, 0.4 s
+        assert recv.counter_rate("batches") == 1_300 / 0.4
+        recv.measure_until_ns = t0 + 500 * ms  # no interval wholly inside any more
+        assert recv.counter_rate("batches") is None
+    finally:
+        push.close(0)
+        recv.sock.close(0)
+        ctx.term()
