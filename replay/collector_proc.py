@@ -45,7 +45,7 @@ from hft_infer.replay.child import Commands, log, parse_cores, pin_self, reply, 
 from hft_infer.transport.codec import EgressDecoder, message_tag
 from hft_infer.transport.schema import TAG_STATUS, Status
 from hft_infer.transport.shm import ShmSubscriber, service_of
-from hft_infer.transport.sockets import connect
+from hft_infer.transport.sockets import SUB_SNDHWM, connect
 
 COMMAND_CHECK_NS = 1_000_000
 SHM_TICK_S = 20e-6  # blocking over iceoryx2 (no FD): how often it looks for samples
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, 0)  # never drop: a slow collector must show, not lose
+        sock.setsockopt(zmq.SNDHWM, SUB_SNDHWM)  # every subscription reaches the service (sockets.py)
         sock.setsockopt(zmq.LINGER, 0)
         for topic in a.subscribe if a.subscribe is not None else [""]:
             sock.setsockopt(zmq.SUBSCRIBE, bytes.fromhex(topic))

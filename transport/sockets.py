@@ -255,6 +255,13 @@ def _apply_curve(sock: zmq.Socket, curve: CurveServer | CurveClient | None) -> N
         sock.curve_serverkey = curve.server_public_key
 
 
+# A SUB sends nothing but its subscriptions, and libzmq drops, silently, those past the SUB's
+# SNDHWM (default 1,000) when it replays them to a new connection (xsub_t::send_subscription): a
+# universe of more than ~1,000 instruments subscribed topic by topic lost the rest, and their events
+# never arrived (found 2026-12-04 with 1,024 instruments). No limit on a SUB's send side.
+SUB_SNDHWM = 0
+
+
 def _open(ctx: zmq.Context, sock_type: int, endpoint: str, *, bind_socket: bool, options: list[tuple[int, int]],
           curve, subscribe: Iterable[bytes] = ()) -> tuple[zmq.Socket, str]:
     """Create, configure and bind/connect one socket; a socket whose set-up fails is closed
@@ -296,8 +303,8 @@ def open_ingest(
         raise EndpointError(f"ingest socket_type must be sub or pull, not {socket_type!r}")
     subscribe = (topics if topics is not None else (b"",)) if socket_type == "sub" else ()
     return _open(ctx, zmq.SUB if socket_type == "sub" else zmq.PULL, endpoint, bind_socket=bind_socket,
-                 options=[(zmq.RCVHWM, rcv_hwm), (zmq.MAXMSGSIZE, max_msg_size), (zmq.LINGER, 0)], curve=curve,
-                 subscribe=subscribe)
+                 options=[(zmq.RCVHWM, rcv_hwm), (zmq.MAXMSGSIZE, max_msg_size), (zmq.LINGER, 0)]
+                 + ([(zmq.SNDHWM, SUB_SNDHWM)] if socket_type == "sub" else []), curve=curve, subscribe=subscribe)
 
 
 def open_egress(
@@ -362,5 +369,6 @@ def open_subscriber(
 ) -> zmq.Socket:
     """A decision subscriber (collector, tests, clients)."""
     check_endpoint(endpoint, allow_remote=allow_remote, secured=curve is not None)
-    return _open(ctx, zmq.SUB, endpoint, bind_socket=False, options=[(zmq.RCVHWM, rcv_hwm), (zmq.LINGER, 0)],
-                 curve=curve, subscribe=topics if topics is not None else (b"",))[0]
+    return _open(ctx, zmq.SUB, endpoint, bind_socket=False,
+                 options=[(zmq.RCVHWM, rcv_hwm), (zmq.SNDHWM, SUB_SNDHWM), (zmq.LINGER, 0)], curve=curve,
+                 subscribe=topics if topics is not None else (b"",))[0]

@@ -61,6 +61,29 @@ def test_pub_sub_topic_filtering(zctx, sock_dir, kind):
     assert all(m[0] == topic_for(dec(m[1]).instrument) for m in got)
 
 
+@pytest.mark.parametrize("opener", ["ingest", "subscriber"])
+def test_a_universe_of_thousands_of_topics_reaches_the_publisher_whole(zctx, sock_dir, opener):
+    """libzmq replays a SUB's subscriptions to a new connection and dropped those past the SUB's
+    SNDHWM (1,000 by default): with 3,000 instrument topics the publisher saw 1,000 and the
+    other instruments' events never arrived."""
+    pub = zctx.socket(zmq.XPUB)  # sees every subscription message
+    pub.bind(f"ipc://{sock_dir}/xpub.sock")
+    topics = [topic_for(i) for i in range(3_000)]
+    if opener == "ingest":
+        sub, _ = open_ingest(zctx, f"ipc://{sock_dir}/xpub.sock", topics=topics)
+    else:
+        sub = open_subscriber(zctx, f"ipc://{sock_dir}/xpub.sock", topics=topics)
+    seen = set()
+    while pub.poll(1000):
+        while pub.poll(0):
+            msg = pub.recv()
+            assert msg[:1] == b"\x01"
+            seen.add(msg[1:])
+    assert seen == set(topics)
+    pub.send_multipart([topic_for(2_999), _quote(2_999, 1)])  # the last instrument's events arrive too
+    assert [m[0] for m in _recv_all(sub, 2000)] == [topic_for(2_999)]
+
+
 @pytest.mark.parametrize("kind", ["ipc", "tcp"])
 def test_push_pull_round_trip(zctx, sock_dir, kind):
     endpoint = f"ipc://{sock_dir}/pull.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
