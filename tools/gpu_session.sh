@@ -43,6 +43,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave15a # wave15's engine pairs alone
 #   BASE_TGZ=F tools/gpu_session.sh wave15c # 8 lstm_a shards under MPS, this tree and the baseline alternated
 #   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
+#   tools/gpu_session.sh wave16            # lstm_a shards (1, 8) with 64 and 1,024 instruments; py-spy of one shard
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -859,6 +860,25 @@ elif [ "$phase" = wave15c ]; then
     done
   done
   summarize
+elif [ "$phase" = wave16 ]; then
+  # issue 18: what sets one shard's capacity? A stateful model steps one row per instrument per step, so the
+  # busiest instrument's rate is the step rate it needs. lstm_a shards N = 1 and 8 (fp32, MPS, EventBatch of 256,
+  # bench's steps/s and busiest/s columns): the bench's 64 instruments (busiest 4.3 % of the feed) at 60k/s per
+  # shard, then 1,024 instruments (universe.instruments = 1024; busiest 0.6 %) at 60k and 125k/s per shard; then
+  # py-spy of one lstm_a service at 60k/s over 64 instruments and at 125k/s over 1,024
+  for run in 64:60000 1024:60000 1024:125000; do
+    inst=${run%%:*} rate=${run##*:}
+    step "shards_i${inst}_r${rate}" 110 env BUDGET_S=105 RUN_CAP_S=60 FLOOR=0 RATE_PER_SHARD=$rate FEED_BATCH=256 \
+         DURATION=2 SHARDS="1 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" INSTRUMENTS=$inst \
+         EXTRA_SET="universe.instruments=$inst" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i${inst}_r${rate}"
+  done
+  step prof_i64_60k 55 env FEED_BATCH=256 SPY_RATE=1000 bash tools/profile_overload.sh "$WORK/prof_i64_60k" 60000 3 \
+       -c configs/gpu.toml
+  step prof_i1024_125k 55 env FEED_BATCH=256 SPY_RATE=1000 bash tools/profile_overload.sh "$WORK/prof_i1024_125k" 125000 \
+       3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
+  summarize
+  verbatim shards_i64_r60000 shards_i1024_r60000 shards_i1024_r125000
+  for d in prof_i64_60k prof_i1024_125k; do cp -f "$WORK/$d/spy_top.txt" "$OUT/${d}_spy_top.txt" 2>/dev/null; done
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
