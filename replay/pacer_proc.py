@@ -101,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         reply("error", str(e))
         return 2
     reply("bound")
+
+    def progress(i: int, n: int) -> None:
+        reply("progress", i, n)
+
+    # built and prepared (its work in proportion to the feed: Pacer.prepare) before `subscribed`
+    # is reported, so that nothing of it falls between `go` and the first send
+    shard_of, shard_count = _shards_of_events(a.shard_map, feed) if a.shard_map and a.feed_batch > 1 else (None, 1)
+    pacer = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin, progress_hook=progress,
+                  feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us, shard_of=shard_of, shard_count=shard_count)
+    pacer.prepare()
     commands = Commands()
     subscribed, last_sub = 0, perf_ns()
     settle_ns = int(a.settle_ms * 1e6)
@@ -129,15 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         if commands.eof:
             return 0
 
-    def progress(i: int, n: int) -> None:
-        reply("progress", i, n)
-
     if a.reset_first:
         _send_reset(pub, topic_frame=not a.no_topic_frame)
-    shard_of, shard_count = _shards_of_events(a.shard_map, feed) if a.shard_map and a.feed_batch > 1 else (None, 1)
-    res = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin, progress_hook=progress,
-                feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us, shard_of=shard_of,
-                shard_count=shard_count).run(start_mono_ns=go)
+    res = pacer.run(start_mono_ns=go)
     np.savez(a.out, intended=res.intended_mono_ns, actual=res.actual_mono_ns, sent=np.int64(res.sent),
              elapsed_s=np.float64(res.elapsed_s))
     reply("done", res.sent)

@@ -349,8 +349,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     result = analyse(answers, load.events["instrument"], load.events["seq"], intended, sent,
                      measure_from=load.measure_from, baseline=baseline)
     result.intended_mono_ns, result.actual_mono_ns = intended, actual_ev
-    lateness = new_histogram()
-    record_array(lateness, (actual - intended_all)[:sent_frames][load.measure_from:])
+    lateness = lateness_histogram((actual - intended_all)[:sent_frames], load.measure_from)
     status = result.service_status
     n_measured = result.tick_to_decision["count"]
     out = {
@@ -427,6 +426,13 @@ def send_all(children: list[Child], *words) -> dict[Child, str]:
     for child in children:
         child.send(*words)
     return {child: str(words[0]) if words[0] != "stop" else "done" for child in children}
+
+
+def lateness_histogram(lateness_ns: np.ndarray, measure_from: int):
+    """The pacer's lateness (actual - intended send, ns, per frame sent) past the warm-up."""
+    hist = new_histogram()
+    record_array(hist, lateness_ns[measure_from:])
+    return hist
 
 
 def _write_histograms(run_dir: Path, result, lateness) -> None:

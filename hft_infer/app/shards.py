@@ -47,6 +47,7 @@ from hft_infer.app.drive import (
     StatsReceiver,
     Target,
     effective_feed_batch,
+    lateness_histogram,
     machine_info,
     placed_hot_cores,
     restore_process,
@@ -352,6 +353,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         "harness": plan.as_dict() | {"collectors": k_coll, "shards_per_collector": [len(g) for g in groups],
                                      "feed_batch": feed_batch},
         "pacer_lateness_max_us": float(np.max(actual[:sent] - intended[:sent]) / 1e3) if sent else None,
+        "pacer_lateness": summarize(lateness_histogram(actual[:sent] - intended[:sent], load.measure_from)),
         "run_dir": str(run_dir),
         "machine": machine_info(),
     } | ({"null_service": {"egress": target.null_egress, "delay_us": target.null_delay_us}} if target.null else {}) \

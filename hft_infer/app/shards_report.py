@@ -71,8 +71,18 @@ def shards_table(out: dict, title: str) -> str:
              + f", {h['collectors']} collector(s) ({h['collector']}; shards per collector "
                f"{h['shards_per_collector']}); feed: "
              + (f"up to {h['feed_batch']} due events per EventBatch frame, one frame per shard"
-                if h.get("feed_batch", 1) > 1 else "one event per frame") + f"; {h['reason']}"]
+                if h.get("feed_batch", 1) > 1 else "one event per frame") + f"; {h['reason']}",
+             pacer_line(out)]
     return "\n".join(lines)
+
+
+def pacer_line(out: dict) -> str:
+    """The pacer's lateness past the warm-up: an offered rate is only what it says while this is small."""
+    lat = out.get("pacer_lateness") or {}
+    if not lat.get("count"):
+        return "pacer lateness: -"
+    return (f"pacer lateness (actual - intended send, past the warm-up): p50 {lat['p50_us']:,.1f} µs, p99 "
+            f"{lat['p99_us']:,.1f}, max {lat['max_us']:,.1f}")
 
 
 def floor_line(floor: dict, main: dict) -> str:
