@@ -44,6 +44,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave15c # 8 lstm_a shards under MPS, this tree and the baseline alternated
 #   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
 #   tools/gpu_session.sh wave16            # lstm_a shards (1, 8) with 64 and 1,024 instruments; py-spy of one shard
+#   tools/gpu_session.sh wave16b           # with the pacer prepared before go: lstm_a shards 1/2/4/8 over 1,024 instruments
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -879,6 +880,25 @@ elif [ "$phase" = wave16 ]; then
   summarize
   verbatim shards_i64_r60000 shards_i1024_r60000 shards_i1024_r125000
   for d in prof_i64_60k prof_i1024_125k; do cp -f "$WORK/$d/spy_top.txt" "$OUT/${d}_spy_top.txt" 2>/dev/null; done
+elif [ "$phase" = wave16b ]; then
+  # wave16 again with the pacer's preparation before `go` (the 8-shard runs' first sends were 0.4-1.1 s late):
+  # py-spy (non-blocking) of one lstm_a service at 125k/s over 1,024 instruments; lstm_a shards over 1,024
+  # instruments N = 1, 2, 4, 8 at 100k/s per shard and N = 8 at 125k/s (1M offered); 8 shards over the bench's 64
+  # instruments at 60k/s per shard
+  step prof_i1024_125k_nb 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
+       "$WORK/prof_i1024_125k_nb" 125000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
+  step shards_i1024_r100000 170 env BUDGET_S=165 RUN_CAP_S=60 FLOOR=0 RATE_PER_SHARD=100000 FEED_BATCH=256 \
+       DURATION=2 SHARDS="1 2 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:2" INSTRUMENTS=1024 \
+       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r100000"
+  step shards_i1024_r125000 60 env BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=125000 FEED_BATCH=256 \
+       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=1024 \
+       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r125000"
+  step shards_i64_r60000 50 env BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 \
+       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=64 \
+       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i64_r60000"
+  summarize
+  verbatim shards_i1024_r100000 shards_i1024_r125000 shards_i64_r60000
+  cp -f "$WORK/prof_i1024_125k_nb/spy_top.txt" "$OUT/prof_i1024_125k_nb_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
