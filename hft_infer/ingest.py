@@ -159,6 +159,10 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         self._b_last = [0] * n
         self._b_pos = [0] * n
         self._touched: list[int] = []
+        # sequential: the slots the chunk queues events on (their counts in _b_n: the chunk's
+        # pushes go in at its end), and how many of them it queues anew (deadline admission)
+        self._s_touched: list[int] = []
+        self._s_anew = 0
         self._q_slot: list[int] = []
         self._q_pos: list[int] = []
         self._q_i: list[int] = []
@@ -308,7 +312,9 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         sched = self.sched
         sequential = sched.sequential
         drop_late = sched.deadline_admission
-        place = sched.place_ns if sequential else 0  # Scheduler.queue_wait_ns, inlined below
+        # Scheduler.queue_wait_ns, inlined below, counting the chunk's own events (pushed at its end)
+        place = sched.place_ns
+        s_touched = self._s_touched.append
         s_len = sched.s_len if sequential else None
         p_append = self._p_events.append
         max_age = self.max_age_ns
@@ -370,10 +376,16 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                     origin = t_recv
                 stale = t_recv - origin > max_age
                 # deadline admission: stale when its turn would come -> not applied, no position taken
-                if drop_late and (stale or (place and s_len[slot] and
-                                            t_recv - origin > max_age - s_len[slot] * place - (place >> 1))):
+                q = s_len[slot] + b_n[slot]
+                if drop_late and (stale or t_recv - origin > max_age - (
+                        q * place + (place >> 1) if q else sched.turn_wait_ns(self._s_anew))):
                     self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                     continue
+                if not b_n[slot]:
+                    s_touched(slot)
+                    if not q:
+                        self._s_anew += 1
+                b_n[slot] += 1
             pos = count[slot]
             count[slot] = pos + 1
             if typ is Quote:
@@ -454,7 +466,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         pos = store.count[slot]
         sched = self.sched
         if sched.sequential:
-            # stale, or stale by its turn (the expected wait is 0 for an empty queue)
+            # stale, or stale by its turn (Scheduler.queue_wait_ns)
             if sched.deadline_admission and t_recv - origin > self.max_age_ns - sched.queue_wait_ns(slot):
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
@@ -483,6 +495,12 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             if refused:  # QUEUE_FULL: shed, their rows not written and their positions given back
                 self._refused(refused)
             self._p_events.clear()
+        if self._s_touched:  # pushed: the queues count them now
+            b_n = self._b_n
+            for slot in self._s_touched:
+                b_n[slot] = 0
+            self._s_touched.clear()
+            self._s_anew = 0
         q_i = self._q_i
         if q_i:
             books = self._books

@@ -304,9 +304,10 @@ class EventBatchPaths:
         applied = None  # slot-sorted: the events that will take a position (None: all)
         n_applied = ends - starts
         late = stale
-        if sched.deadline_admission and sched.place_ns:  # stale when its turn would come (as Ingest._handle)
+        waits = sched.run_waits_ns(uniq, group, rank, order[starts]) if sched.deadline_admission else None
+        if waits is not None:  # stale by its turn, each event behind the run's earlier ones (as _handle)
             wait = np.empty(n, dtype=np.int64)
-            wait[order] = np.fromiter(map(sched.queue_wait_ns, uniq), dtype=np.int64, count=len(uniq))[group]
+            wait[order] = waits
             late = (t_recv - origin) > self.max_age_ns - wait  # stale ones too: the wait is >= 0
         if sched.deadline_admission and late.any():
             applied = ~late[order]

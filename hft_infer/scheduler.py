@@ -57,9 +57,15 @@ every admitted row applied at any load. Under `"deadline"` (the default):
 - the ingest sheds LATE (unapplied) an event whose age on arrival plus
   `queue_wait_ns(slot)`, the expected wait of (queued + 1/2) places, passes
   max_age: it would be stale when picked, stepped for nothing but its row. An
-  event for an empty queue waits none by that measure (it is LATE only when
-  already stale): batches must keep forming for the pace to be measured at
-  all. On the H200 host (lstm_a, BENCHMARKS.md wave 12) counting the whole last
+  event for an empty queue waits for its slot's turn: one period per full batch
+  of the slots queued ahead of it and half a period (`turn_wait_ns`), none while
+  fewer than a batch are queued, so it is LATE only when already stale whenever the queue is
+  short and batches keep forming for the pace to be measured. Before
+  2026-12-04 it waited none at any depth: with 1,024 instruments, past capacity,
+  most events queued a slot anew behind ~1,000 others (16 batches, ~16 ms), were
+  admitted, and were stale when picked (dev VM, mlp_small with conflation off at
+  120k events/s: 325 of 480,000 decided, 218k stepped stale; the H200 host, lstm_a
+  at 100k/s: 241 of 250,000). On the H200 host (lstm_a, BENCHMARKS.md wave 12) counting the whole last
   place (134d8e3) decided fewer over EventBatch frames under overload, where a
   place is longest; counting none (before 134d8e3) left 90-110k of 400k events
   stale when picked at 100k events/s in single-event frames.
@@ -455,7 +461,7 @@ class Scheduler:
             nxt = self.s_ring[slot][self.s_head[slot]]
             self._enqueue_slot(slot, self.r_cls[nxt], now_ns)
         if self.deadline_admission and n:
-            self._pace(now_ns, n_requeue > 0, queued_before)
+            self._pace(now_ns, self.queued_slots > 0, queued_before)  # slots left: the next batch is due at once
         return n
 
     def _take_every_slot(self, now_ns: int) -> int:
@@ -546,9 +552,41 @@ class Scheduler:
 
     def queue_wait_ns(self, slot: int) -> int:
         """Deadline admission: the expected wait of an event joining `slot`'s queue, (queued + 1/2)
-        places; none for an empty queue (module docstring). Ingest._handle inlines it per event."""
+        places; for an empty queue, `turn_wait_ns` (module docstring). Ingest._handle_frames
+        inlines it per event."""
         queued = self.s_len[slot]
-        return queued * self.place_ns + (self.place_ns >> 1) if queued else 0
+        return queued * self.place_ns + (self.place_ns >> 1) if queued else self.turn_wait_ns()
+
+    def run_waits_ns(self, uniq: list[int], group: np.ndarray, rank: np.ndarray, first: np.ndarray):
+        """Deadline admission for a run of events queued together (ingest_batch.py's column path),
+        as `queue_wait_ns` would judge each one live, counting the run's earlier events as queued
+        (a bound: an earlier one may yet be shed): an event `rank` places into its slot's events
+        of the run waits (queued + rank + 1/2) places behind a queue, and `turn_wait_ns` with the
+        slots the run queues anew before its slot, plus rank places, on a slot the run queues
+        anew. `group`: each event's slot as an index into `uniq`; `first`: the feed index of
+        each slot's first event. None before a pace is measured (nothing is late by its turn).
+        Judging a whole run against the queues as they were before it (until 2026-12-04) let a
+        run of hundreds of new slots in at once, stale by their turn: in a simulation at 5x
+        capacity over 1,024 slots it decided 31 % of the capacity."""
+        p, place = self.step_period_ns, self.place_ns
+        if not (p or place):
+            return None
+        queued = np.fromiter(map(self.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+        anew = np.flatnonzero(queued == 0)
+        ahead = np.zeros(len(uniq), dtype=np.int64)  # slots this run queues anew before this one
+        ahead[anew[np.argsort(first[anew], kind="stable")]] = np.arange(len(anew))
+        turns = (self.queued_slots + ahead) // self.max_batch
+        base = np.where(queued == 0, np.where(turns > 0, p * turns + (p >> 1), 0), queued * place + (place >> 1))
+        return base[group] + rank * place
+
+    def turn_wait_ns(self, ahead: int = 0) -> int:
+        """Deadline admission: the wait of an event that queues a slot anew behind the slots
+        queued now (and `ahead` more that its chunk queues first): one period per full batch of
+        them, plus half a period, the expected time to the next batch in a busy loop; none while
+        fewer than a batch are queued (the next batch takes it, and at low load it forms as soon
+        as the event is read)."""
+        turns = (self.queued_slots + ahead) // self.max_batch
+        return self.step_period_ns * turns + (self.step_period_ns >> 1) if turns else 0
 
     def release(self, rid: int) -> None:
         """Return a request id to the free list once its outcome is published."""

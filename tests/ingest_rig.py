@@ -39,7 +39,7 @@ class IngestRig:
                  topic_frame: bool = False, max_frame_bytes: int = 4096, max_age_us: int = 10**9,
                  depth: int = 64, max_pending: int = 64, capacity: int = 4096, on_reset=None,
                  rows_read: int = 0, admission: str = "deadline", first_id: int = 0,
-                 batch_topic: bytes = BATCH_TOPIC) -> None:
+                 batch_topic: bytes = BATCH_TOPIC, max_batch: int | None = None) -> None:
         """`first_id`: the universe's instrument ids are first_id, first_id + 1, ... (slot + first_id:
         0, the default, makes ids and slots equal, which hides a slot answered as an id)."""
         self.ctx = zmq.Context.instance()
@@ -50,7 +50,8 @@ class IngestRig:
         self.push.connect(ep)
         self.store = FeatureStore(instruments, levels, depth)
         cfg = SchedulerConfig(classes=4, default_class=0, max_age_us=max_age_us, capacity=capacity,
-                              max_pending_per_instrument=max_pending, admission=admission)
+                              max_pending_per_instrument=max_pending, admission=admission,
+                              **({} if max_batch is None else {"max_batch": max_batch}))
         table = [[0] * instruments, [0] * instruments]
         self.sched = Scheduler(cfg, instruments, sequential=not conflate, conflate=conflate,
                                class_by_slot_kind=table)

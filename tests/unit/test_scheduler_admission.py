@@ -197,3 +197,42 @@ def test_a_stall_does_not_leave_admission_tight():
             assert push(s, slot, now) != NO_REQUEST
         step(s, now)
     assert s.step_period_ns < 150 * US and s.admit_depth >= 5
+
+
+def test_more_queued_slots_than_a_batch_is_a_backlog_even_at_one_event_each():
+    """Slots left queued after a batch mean the next is due at once: the period between such
+    batches is the pace (before 2026-12-04 only a slot holding a second event counted, so a
+    backlog of many instruments at one event each was never measured)."""
+    s = make(64, max_batch=8, max_age_us=10_000)
+    now = T0
+    for slot in range(64):
+        assert push(s, slot, now, 0) != NO_REQUEST
+    for _ in range(6):  # 64 slots, 8 per batch, one event each
+        now += 300 * US
+        step(s, now)
+    assert s.step_period_ns == 300 * US
+
+
+def test_overload_over_many_instruments_picks_only_fresh_events():
+    """Five times the step rate over 512 instruments, an event per instrument at a time, each
+    admitted or shed LATE as the ingest judges it (Scheduler.queue_wait_ns): every batch is full
+    and nothing picked is stale. Before 2026-12-04 an event that queued its slot anew waited
+    none by that measure, whatever the hundreds of slots queued ahead: most were stale when
+    picked (stepped, their decisions withheld)."""
+    s = make(512, max_batch=16, max_age_us=2000, max_pending_per_instrument=4)
+    now, seq = T0, 0
+    fresh = stale = late = 0
+    for tick in range(600):
+        for k in range(80):  # 80 arrivals per 100 us batch period: 5x the 16 stepped
+            seq += 1
+            slot = (seq * 7919) % 512
+            origin = now - (k * 100 * US) // 80  # read at the tick's end: arrived during it
+            if now - origin > s.max_age_ns - s.queue_wait_ns(slot):
+                late += tick >= 300
+                continue
+            s.push(slot, seq, seq, 0, now, origin, 0)
+        f, st = step(s, now)
+        now += 100 * US
+        if tick >= 300:  # the steady state
+            fresh, stale = fresh + f, stale + st
+    assert stale == 0 and fresh == 300 * 16 and late > 0
