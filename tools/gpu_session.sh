@@ -45,6 +45,8 @@
 #   tools/gpu_session.sh wave15b           # lstm_a shards (1, 8) over EventBatch under MPS, fp32 and tf32
 #   tools/gpu_session.sh wave16            # lstm_a shards (1, 8) with 64 and 1,024 instruments; py-spy of one shard
 #   tools/gpu_session.sh wave16b           # with the pacer prepared before go: lstm_a shards 1/2/4/8 over 1,024 instruments
+#   BASE_TGZ=F tools/gpu_session.sh wave16c # landing: GPU tests; lstm_a overload over 1,024 instruments beside the
+#                                          # baseline; lstm_a shards 1/4/8 at 100k/s each and 8 at 125k/s
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -899,6 +901,25 @@ elif [ "$phase" = wave16b ]; then
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r125000 shards_i64_r60000
   cp -f "$WORK/prof_i1024_125k_nb/spy_top.txt" "$OUT/prof_i1024_125k_nb_spy_top.txt" 2>/dev/null
+elif [ "$phase" = wave16c ]; then
+  # the deadline admission that counts the slots queued ahead of a new one (scheduler.py turn_wait_ns): the GPU
+  # engine, hot-path, kernel-step and capture tests; lstm_a past capacity over 1,024 instruments, this tree and
+  # BASE_TGZ's interleaved (bench_overload); lstm_a shards over 1,024 instruments N = 1, 4, 8 at 100k/s each and
+  # N = 8 at 125k/s (1M offered)
+  setup_base
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
+       tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py
+  step overload_i1024 190 $PY tools/bench_overload.py -c configs/gpu.toml --set universe.instruments=1024 \
+       --rates 50000,100000 --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 \
+       --baseline-python "$base/py" --json "$WORK/overload_i1024.json"
+  step shards_i1024_r100000 110 env BUDGET_S=105 RUN_CAP_S=45 FLOOR=0 RATE_PER_SHARD=100000 FEED_BATCH=256 \
+       DURATION=2 SHARDS="1 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8 lstm_a:4" INSTRUMENTS=1024 \
+       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r100000"
+  step shards_i1024_r125000 50 env BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=125000 FEED_BATCH=256 \
+       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=1024 \
+       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r125000"
+  summarize
+  verbatim gpu_tests overload_i1024 shards_i1024_r100000 shards_i1024_r125000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
