@@ -210,6 +210,15 @@ shards_1_8() {  # shards_1_8 TIMEOUT PRECISION...: step shards_PRECISION, lstm_a
   done
 }
 
+shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER: step NAME, lstm_a shards over
+  # EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each
+  local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6
+  step "$name" "$t" env BUDGET_S=$(( t - 5 )) RUN_CAP_S=$(( t - 10 < 60 ? t - 10 : 60 )) FLOOR=0 \
+       RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION=2 SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
+       INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst" bash tools/with_mps.sh bash tools/bench_shards.sh \
+       "$WORK/$name"
+}
+
 engines_pairs() {  # the graph engine's step through the runner, this tree and BASE_TGZ's alternated, twice
   # (lstm_a window and stream, lstm_b, mlp_small at batch 1, 8, 64; pinned to core 2; setup_base first)
   local who py r
@@ -870,10 +879,7 @@ elif [ "$phase" = wave16 ]; then
   # shard, then 1,024 instruments (universe.instruments = 1024; busiest 0.6 %) at 60k and 125k/s per shard; then
   # py-spy of one lstm_a service at 60k/s over 64 instruments and at 125k/s over 1,024
   for run in 64:60000 1024:60000 1024:125000; do
-    inst=${run%%:*} rate=${run##*:}
-    step "shards_i${inst}_r${rate}" 110 env BUDGET_S=105 RUN_CAP_S=60 FLOOR=0 RATE_PER_SHARD=$rate FEED_BATCH=256 \
-         DURATION=2 SHARDS="1 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8" INSTRUMENTS=$inst \
-         EXTRA_SET="universe.instruments=$inst" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i${inst}_r${rate}"
+    shards_inst "shards_i${run%%:*}_r${run##*:}" 110 "${run%%:*}" "${run##*:}" "1 8" "lstm_a:1 lstm_a:8"
   done
   step prof_i64_60k 55 env FEED_BATCH=256 SPY_RATE=1000 bash tools/profile_overload.sh "$WORK/prof_i64_60k" 60000 3 \
        -c configs/gpu.toml
@@ -889,15 +895,9 @@ elif [ "$phase" = wave16b ]; then
   # instruments at 60k/s per shard
   step prof_i1024_125k_nb 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
        "$WORK/prof_i1024_125k_nb" 125000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
-  step shards_i1024_r100000 170 env BUDGET_S=165 RUN_CAP_S=60 FLOOR=0 RATE_PER_SHARD=100000 FEED_BATCH=256 \
-       DURATION=2 SHARDS="1 2 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:2" INSTRUMENTS=1024 \
-       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r100000"
-  step shards_i1024_r125000 60 env BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=125000 FEED_BATCH=256 \
-       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=1024 \
-       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r125000"
-  step shards_i64_r60000 50 env BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 \
-       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=64 \
-       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i64_r60000"
+  shards_inst shards_i1024_r100000 170 1024 100000 "1 2 4 8" "lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:2"
+  shards_inst shards_i1024_r125000 60 1024 125000 8 lstm_a:8
+  shards_inst shards_i64_r60000 50 64 60000 8 lstm_a:8
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r125000 shards_i64_r60000
   cp -f "$WORK/prof_i1024_125k_nb/spy_top.txt" "$OUT/prof_i1024_125k_nb_spy_top.txt" 2>/dev/null
@@ -912,12 +912,8 @@ elif [ "$phase" = wave16c ]; then
   step overload_i1024 190 $PY tools/bench_overload.py -c configs/gpu.toml --set universe.instruments=1024 \
        --rates 50000,100000 --duration 2 --overload 3,10 --overload-duration 2 --feed-batch 256 \
        --baseline-python "$base/py" --json "$WORK/overload_i1024.json"
-  step shards_i1024_r100000 110 env BUDGET_S=105 RUN_CAP_S=45 FLOOR=0 RATE_PER_SHARD=100000 FEED_BATCH=256 \
-       DURATION=2 SHARDS="1 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:8 lstm_a:4" INSTRUMENTS=1024 \
-       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r100000"
-  step shards_i1024_r125000 50 env BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=125000 FEED_BATCH=256 \
-       DURATION=2 SHARDS=8 MODELS=lstm_a ORDER="lstm_a:8" INSTRUMENTS=1024 \
-       EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards_i1024_r125000"
+  shards_inst shards_i1024_r100000 110 1024 100000 "1 4 8" "lstm_a:1 lstm_a:8 lstm_a:4"
+  shards_inst shards_i1024_r125000 50 1024 125000 8 lstm_a:8
   summarize
   verbatim gpu_tests overload_i1024 shards_i1024_r100000 shards_i1024_r125000
 elif [ "$phase" = smoke ]; then
