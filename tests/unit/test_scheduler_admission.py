@@ -141,29 +141,35 @@ def _state(s):
             s.admit_depth, s.step_period_ns)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_taking_every_queued_slot_at_once_picks_as_the_pick_loop(seed):
-    """Sequential batches that hold every queued slot (Scheduler._take_every_slot) pick the same
-    requests in the same order, mark the same ones stale and leave the same queues as the
-    pick loop, over random pushes in four classes (aging mixing them), deadlines passing,
-    enqueue times out of order (the loop then decides) and batches of any size."""
+@pytest.mark.parametrize("seed,n_slots,one_class", [(seed, 12, 0.0) for seed in range(6)]
+                         + [(seed, 40, 0.998) for seed in range(4)])
+def test_taking_queued_slots_in_one_pass_picks_as_the_pick_loop(seed, n_slots, one_class):
+    """Sequential batches formed in one pass -- every queued slot when they fit
+    (Scheduler._take_every_slot), the head of the one queued class's FIFO when they do not
+    (_take_head_of_one_class) -- pick the same requests in the same order, mark the same ones
+    stale and leave the same queues as the pick loop, over random pushes in four classes (aging
+    mixing them; with `one_class`, the share of pushes in class 0, mostly one), deadlines
+    passing, enqueue times out of order (the loop then decides) and batches of any size."""
     import random
 
     rng = random.Random(seed)
-    n_slots = 12
     cfg = SchedulerConfig(classes=4, default_class=0, aging_us=30.0, max_age_us=400, max_batch=rng.choice([8, 12, 16]),
                           max_pending_per_instrument=8)
     pair = [Scheduler(cfg, n_slots, sequential=True, conflate=False, class_by_slot_kind=[[0] * n_slots] * 2)
             for _ in range(2)]
     pair[1]._take_every_slot = lambda now_ns: 0  # "out of key order": the pick loop decides every batch
-    taken = []  # what each _take_every_slot call returned (0: the pick loop decided)
-    take = pair[0]._take_every_slot
-    pair[0]._take_every_slot = lambda now_ns: taken.append(take(now_ns)) or taken[-1]
+    pair[1]._take_head_of_one_class = lambda now_ns: 0  # "more than one class"
+    taken = []  # what each one-pass call returned (0: the pick loop decided)
+    for name in ("_take_every_slot", "_take_head_of_one_class"):
+        def spy(now_ns, take=getattr(pair[0], name), name=name):
+            taken.append((name, take(now_ns)))
+            return taken[-1][1]
+        setattr(pair[0], name, spy)
     now, seq = T0, 0
     for _ in range(400):
         now += rng.randrange(1, 60) * US
-        for _ in range(rng.randrange(0, 10)):
-            slot, cls = rng.randrange(n_slots), rng.randrange(4)
+        for _ in range(rng.randrange(0, 10 if one_class == 0 else 30)):
+            slot, cls = rng.randrange(n_slots), 0 if rng.random() < one_class else rng.randrange(4)
             # now and then one read a while ago: its class's enqueue times out of order
             recv = now - (rng.randrange(0, 300) * US if rng.random() < 0.03 else 0)
             seq += 1
@@ -176,7 +182,10 @@ def test_taking_every_queued_slot_at_once_picks_as_the_pick_loop(seed):
             s.release_many(rids)
         assert batches[0] == batches[1]
         assert _state(pair[0]) == _state(pair[1])
-    assert sum(1 for n in taken if n) > 10 and 0 in taken  # both ways taken
+    # both ways taken: the one pass, and the pick loop where it declines
+    path = "_take_head_of_one_class" if one_class else "_take_every_slot"
+    ns = [n for name, n in taken if name == path]
+    assert sum(1 for n in ns if n) > 10 and 0 in ns
 
 
 def test_a_stall_does_not_leave_admission_tight():
