@@ -47,6 +47,7 @@
 #   tools/gpu_session.sh wave16b           # with the pacer prepared before go: lstm_a shards 1/2/4/8 over 1,024 instruments
 #   BASE_TGZ=F tools/gpu_session.sh wave16c # landing: GPU tests; lstm_a overload over 1,024 instruments beside the
 #                                          # baseline; lstm_a shards 1/4/8 at 100k/s each and 8 at 125k/s
+#   tools/gpu_session.sh wave16d           # landing: GPU tests; py-spy of one saturated lstm_a shard; shards 1/8
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -210,12 +211,13 @@ shards_1_8() {  # shards_1_8 TIMEOUT PRECISION...: step shards_PRECISION, lstm_a
   done
 }
 
-shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER: step NAME, lstm_a shards over
-  # EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each
+shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]: step NAME, lstm_a shards
+  # over EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each
   local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6
+  shift 6
   step "$name" "$t" env BUDGET_S=$(( t - 5 )) RUN_CAP_S=$(( t - 10 < 60 ? t - 10 : 60 )) FLOOR=0 \
        RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION=2 SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
-       INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst" bash tools/with_mps.sh bash tools/bench_shards.sh \
+       INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst $*" bash tools/with_mps.sh bash tools/bench_shards.sh \
        "$WORK/$name"
 }
 
@@ -916,6 +918,23 @@ elif [ "$phase" = wave16c ]; then
   shards_inst shards_i1024_r125000 50 1024 125000 8 lstm_a:8
   summarize
   verbatim gpu_tests overload_i1024 shards_i1024_r100000 shards_i1024_r125000
+elif [ "$phase" = wave16d ]; then
+  # the scheduler's one-slice pick past a batch of queued slots: the GPU tests; py-spy (non-blocking) of one lstm_a
+  # service at 100k/s over 1,024 instruments (saturated: where a shard's ~600 µs per step go); lstm_a shards over
+  # 1,024 instruments N = 1 and 8 at 100k/s each and N = 8 at 125k/s, with batches of up to 64 and of up to 256
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
+       tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py
+  step prof_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
+       "$WORK/prof_i1024_100k" 100000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
+  shards_inst shards_i1024_r100000 80 1024 100000 "1 8" "lstm_a:1 lstm_a:8"
+  shards_inst shards_i1024_r125000 50 1024 125000 8 lstm_a:8
+  # batches of up to 256 (buckets to 256): a step's fixed host costs over 4x the rows
+  b256=("scheduler.max_batch=256" "runner.buckets=[1,2,4,8,16,32,64,128,256]")
+  shards_inst shards_b256_i1024_r100000 80 1024 100000 "1 8" "lstm_a:1 lstm_a:8" "${b256[@]}"
+  shards_inst shards_b256_i1024_r125000 50 1024 125000 8 lstm_a:8 "${b256[@]}"
+  summarize
+  verbatim gpu_tests shards_i1024_r100000 shards_i1024_r125000 shards_b256_i1024_r100000 shards_b256_i1024_r125000
+  cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
