@@ -1,9 +1,7 @@
 """The hot loop: one thread, run to completion, on uvloop; the device never blocks it.
 
     while running:
-        step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py);
-                         held while the engine is full and a full batch already waits (read
-                         once the step completes, in one burst per step)
+        step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py)
         step.complete()  the oldest in-flight step is done? collect it, answer its events,
         step.flush()       and send them at once, in one frame (egress.py)
         step.submit()    the device can take a step and a batch is due? form, stage, submit
@@ -292,7 +290,6 @@ class Service:
         spin_ns = cfg.spin_budget_us * 1000
         yield_ns = cfg.yield_interval_us * 1000
         engine, sched, stages, step = self.engine, self.sched, self.stages, self.step
-        full_batch = min(sched.max_batch, self.n_slots)
         gap_buf = self.bufs["loop_gap"]
         idle_fold_min = stages.IDLE_FOLD_MIN
         last_yield = last_work = last_iter = perf_ns()
@@ -308,21 +305,13 @@ class Service:
                 gap_buf.add(gap_max)
                 gap_max = 0
                 gap_window_end = now + GAP_WINDOW_NS
-            # A full batch already waits and the engine cannot take it: the feed stays in the socket
-            # until a step completes and is read then, in one burst per step. A burst's cost is mostly
-            # fixed (the EventBatch column path: ~60 µs of numpy calls on the H200 host), and at
-            # saturation the loop otherwise read each frame as it came (~10 events at 100k/s): ingest
-            # was 65 % of a saturated lstm_a shard's loop (BENCHMARKS.md, wave 16).
-            held = step.inflight and not engine.can_submit and sched.queued_slots >= full_batch
-            worked = 0 if held else step.ingest()
+            worked = step.ingest()
             if step.inflight and engine.poll():
                 step.complete()
                 # decisions out before the next submit, which gathers, stages and replays a graph
                 # (~tens of µs on the H200 host: measured as the publish stage when it came first)
                 step.flush()
                 worked += 1
-                if held:  # the engine is free: what waited joins the queue before the next batch forms
-                    worked += step.ingest()
             if engine.can_submit and sched.queued_slots:
                 worked += step.submit()
             step.flush()

@@ -48,7 +48,6 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave16c # landing: GPU tests; lstm_a overload over 1,024 instruments beside the
 #                                          # baseline; lstm_a shards 1/4/8 at 100k/s each and 8 at 125k/s
 #   tools/gpu_session.sh wave16d           # landing: GPU tests; py-spy of one saturated lstm_a shard; shards 1/8
-#   tools/gpu_session.sh wave16e           # landing: GPU tests; lstm_a shards 1/8 over 1,024 instruments at 100k/s
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -936,14 +935,6 @@ elif [ "$phase" = wave16d ]; then
   summarize
   verbatim gpu_tests shards_i1024_r100000 shards_i1024_r125000 shards_b256_i1024_r100000 shards_b256_i1024_r125000
   cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
-elif [ "$phase" = wave16e ]; then
-  # the loop holds the feed while the engine is full and a full batch waits (one burst per step): the GPU tests;
-  # lstm_a shards over 1,024 instruments N = 1 and 8 at 100k/s each
-  gpu_tests 190 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
-       tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py
-  shards_inst shards_i1024_r100000 80 1024 100000 "1 8" "lstm_a:1 lstm_a:8"
-  summarize
-  verbatim gpu_tests shards_i1024_r100000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
