@@ -4,6 +4,8 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py [--n 50000] [--baseline REF] [--json out.json]
 
+    python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
+
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
 and scheduler.py (for a machine without the repository's .git).
 
@@ -82,8 +84,10 @@ def quotes(n: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, b
              encode(Quote(i % N_INST, i // N_INST, 0, ts_send_ns, levels, pack_book(lv[i % 16])))) for i in range(n)]
 
 
-def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0) -> list[tuple[bytes, bytes]]:
-    """The events of `quotes(n)` as EventBatch frames of `size` quotes each (the last one shorter)."""
+def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0,
+                  n_inst: int = N_INST) -> list[tuple[bytes, bytes]]:
+    """The events of `quotes(n)` (over `n_inst` instruments) as EventBatch frames of `size` quotes
+    each (the last one shorter)."""
     rng = np.random.default_rng(0)
     lv = (rng.random((16, levels, 4)) * 10 + 100).astype(np.float32)
     i = np.arange(n)
@@ -91,7 +95,7 @@ def event_batches(n: int, size: int, levels: int = 10, ts_send_ns: int = 0) -> l
     out = []
     for a in range(0, n, size):
         j = i[a:a + size]
-        out.append((BATCH_TOPIC, encode(event_batch(j % N_INST, j // N_INST, np.zeros(len(j)),
+        out.append((BATCH_TOPIC, encode(event_batch(j % n_inst, j // n_inst, np.zeros(len(j)),
                                                     np.full(len(j), ts_send_ns), books[a:a + size]))))
     return out
 
@@ -145,12 +149,13 @@ def _accepting_new_keywords(ingest_cls):
 class Rig:
     """A Service on a private runtime dir, its feed bound here (the service connects)."""
 
-    def __init__(self, overrides: list[str], baseline=None) -> None:
-        """`baseline`: (Ingest, Scheduler) classes to build the service with (load_baseline)."""
+    def __init__(self, overrides: list[str], baseline=None, n_inst: int = N_INST) -> None:
+        """`baseline`: (Ingest, Scheduler) classes to build the service with (load_baseline);
+        `n_inst`: the universe's instruments."""
         self.runtime = tempfile.mkdtemp(prefix="hft-hp-", dir="/tmp")
         os.environ["HFT_INFER_RUNTIME_DIR"] = self.runtime
         self.cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
-                                      f"universe.instruments={N_INST}", "ingest.rcv_hwm=0", *overrides])
+                                      f"universe.instruments={n_inst}", "ingest.rcv_hwm=0", *overrides])
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
@@ -171,7 +176,7 @@ class Rig:
         # reset (the service's housekeeping); automatic collections mid-burst are not what it runs
         self.svc.heap.freeze()
         subs = 0
-        while subs < N_INST + 1 and self.pub.poll(5000):
+        while subs < n_inst + 1 and self.pub.poll(5000):
             subs += self.pub.recv()[:1] == b"\x01"
 
     def fill(self, frames) -> None:
@@ -494,13 +499,19 @@ def main() -> None:
                     help="also time the parts of each phase of the one-event cycle (a second pass, wrapped)")
     ap.add_argument("--engine", default="auto", choices=("auto", "eager", "graph", "persistent"),
                     help="runner.engine of the one-event cycle rows (default: auto, what the service picks)")
+    ap.add_argument("--run-sizes", type=int, default=0, metavar="INSTRUMENTS",
+                    help="only the EventBatch rows of a sequential model over INSTRUMENTS instruments by frame "
+                         "size, one frame per burst against 64 (a burst's fixed cost against its per-event cost)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
     base_cls = load_baseline(a.baseline) if a.baseline else None
-    if not a.only_low_rate:
+    if a.run_sizes:
+        rows += run_size_rows(a)
+    elif not a.only_low_rate:
         rows += burst_rows(a, base_cls)
-    rows += low_rate_rows(a)
+    if not a.run_sizes:
+        rows += low_rate_rows(a)
     print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
     if a.json:
         write_json(a.json, {"n": a.n, "baseline": a.baseline,
@@ -560,6 +571,25 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]
+    return rows
+
+
+def run_size_rows(a) -> list[tuple[str, float, str]]:
+    """--run-sizes N: ingest of a sequential model (conflation off) over N instruments, EventBatch
+    frames of 10 / 32 / 64 / 256 events, read one frame per burst (a loop at saturation reads each
+    frame as it arrives) and 64 frames per burst (ingest.max_drain). A run's fixed cost shows as
+    the gap between the two (runs under ingest_batch.COLUMNS_MIN events take the per-event path)."""
+    rows: list[tuple[str, float, str]] = []
+    for size in (10, 32, 64, 256):
+        for drain in (1, 64):
+            rig = Rig(['scheduler.conflate="off"', "scheduler.max_pending_per_instrument=4096",
+                       "scheduler.capacity=262144", f"ingest.max_drain={drain}"], n_inst=a.run_sizes)
+            try:
+                got = ingest_ns_per_event([rig], event_batches(a.n, size, n_inst=a.run_sizes), a.reps, events=a.n)
+            finally:
+                rig.close()
+            rows.append((f"ingest, {a.run_sizes} instruments, EventBatch frames of {size}, bursts of {drain} "
+                         f"frame{'s' if drain > 1 else ''}, sequential", got[0], "ns/event"))
     return rows
 
 
