@@ -579,8 +579,8 @@ class Scheduler:
 
     def queue_wait_ns(self, slot: int) -> int:
         """Deadline admission: the expected wait of an event joining `slot`'s queue, (queued + 1/2)
-        places; for an empty queue, `turn_wait_ns` (module docstring). Ingest._handle_frames
-        inlines it per event."""
+        places; for an empty queue, `turn_wait_ns` (module docstring). Ingest._handle inlines it
+        per event of a chunk, counting the chunk's own events."""
         queued = self.s_len[slot]
         return queued * self.place_ns + (self.place_ns >> 1) if queued else self.turn_wait_ns()
 
