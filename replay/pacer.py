@@ -378,13 +378,13 @@ class Pacer:
         self._stop = True
 
     def prepare(self) -> None:
-        """Everything that costs time in proportion to the feed, done before the schedule starts:
-        the offsets and the batching plan as Python lists, and a full collection, after which the
-        feed's objects are frozen (never traversed again). `run` calls it if nobody did;
-        pacer_proc.py calls it before it reports its subscriptions, so that `go`'s lead time is
-        not spent here (before 2026-12-04 it was: with 1.2M-2.5M events and 8 shards the first
-        sends were 0.4-1.1 s late on the H200 host, and the run's rate looked higher than
-        offered)."""
+        """What costs time in proportion to the feed besides the constructor's per-shard split,
+        done before the schedule starts: the offsets and the batching plan as Python lists, and a
+        full collection, after which the feed's objects are frozen (never traversed again). `run`
+        calls it if nobody did; pacer_proc.py builds the Pacer and calls it before it reports its
+        subscriptions, so that `go`'s lead time is spent on neither (before 2026-12-04 it was:
+        with 1.2M-2.5M events and 8 shards the first sends were 0.4-1.1 s late on the H200 host,
+        and the run's rate looked higher than offered)."""
         if self._prepared:
             return
         n = len(self.feed)

@@ -20,12 +20,11 @@ TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
-from kernel_compile import add_arch_argument, build_cases, cpu_kernel_step, recording, refuse_interpreter
+from kernel_compile import build_cases, case_parser, cpu_kernel_step, ready_to_compile, recording
 
 DEFAULT_CASES = "lstm_a,lstm_a:tf32,lstm_a:bf16,lstm_a/stream,lstm_b"
 
@@ -56,22 +55,18 @@ def recorded_launches(kstep, b: int) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=DEFAULT_CASES,
-                    help="comma-separated preset[/window|/stream][:fp32|tf32|bf16] (default: %(default)s)")
-    add_arch_argument(ap)
+    ap = case_parser(__doc__, DEFAULT_CASES, "preset[/window|/stream][:fp32|tf32|bf16]")
     ap.add_argument("--max-batch", type=int, default=64, help="largest batch (default: %(default)s)")
     ap.add_argument("--max-shared", type=int, default=232448,
                     help="shared memory bytes a block may use (default: %(default)s, sm_90)")
     args = ap.parse_args(argv)
-    if refuse_interpreter("check_launched_cuts"):
+    if not ready_to_compile("check_launched_cuts"):
         return 2
     if args.max_batch < 1:
         ap.error("--max-batch must be >= 1")
     from hft_infer.kernels.lstm import _lstm_kernel
     from hft_infer.kernels.persistent import compile_launch
 
-    torch.set_num_threads(1)
     failed = 0
     print(f"{'case':20s} {'batches':>9s} {'block_h':>7s} {'block_m':>7s} {'warps':>5s} {'phase':>5s} "
           f"{'shared B':>8s} {'compile s':>9s}  problem")

@@ -18,12 +18,10 @@ TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-import torch
-from kernel_compile import add_arch_argument, build_cases, cpu_kernel_step, refuse_interpreter
+from kernel_compile import build_cases, case_parser, cpu_kernel_step, ready_to_compile
 
 DEFAULT_CASES = "floor,mlp_small,mlp_small:bf16,lstm_a,lstm_a/stream,lstm_b,lstm_a:bf16"
 MAX_BATCH = 64
@@ -44,21 +42,17 @@ def build_kernel(case: str, sms: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=DEFAULT_CASES,
-                    help="comma-separated: floor, or preset[/window|/stream][:fp32|tf32|bf16] (default: %(default)s)")
-    add_arch_argument(ap)
+    ap = case_parser(__doc__, DEFAULT_CASES, "cases: floor, or preset[/window|/stream][:fp32|tf32|bf16]")
     ap.add_argument("--sms", type=int, default=132, help="SMs the LSTM kernels may use (default: %(default)s, H200)")
     ap.add_argument("--num-stages", type=int, default=None,
                     help="compile with this many pipeline stages instead of the launch's own")
     args = ap.parse_args(argv)
-    if refuse_interpreter("check_persistent_asm"):
+    if not ready_to_compile("check_persistent_asm"):
         return 2
     if args.sms < 1:
         ap.error("--sms must be >= 1")
     from hft_infer.kernels.persistent import asm_problems
 
-    torch.set_num_threads(1)
     options = {} if args.num_stages is None else {"num_stages": args.num_stages}
     failed = 0
     print(f"{'kernel':24s} {'programs':>8s} {'volatile ld':>11s} {'compile s':>9s}  problems")

@@ -37,8 +37,26 @@ def cpu_kernel_step(case: str, max_batch: int):
                       device="cpu")
 
 
-def add_arch_argument(ap) -> None:
+def case_parser(doc: str, default_cases: str, cases_help: str):
+    """The tools' argument parser: `doc` as its description, --cases (`cases_help`, default
+    `default_cases`) and --arch; the caller adds its own options."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=default_cases, help=f"comma-separated {cases_help} (default: %(default)s)")
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default: %(default)s, Hopper)")
+    return ap
+
+
+def ready_to_compile(tool: str) -> bool:
+    """False (and why on stderr) under the Triton interpreter; else one torch thread (the cases are
+    built on the CPU, one at a time) and True."""
+    if refuse_interpreter(tool):
+        return False
+    import torch
+
+    torch.set_num_threads(1)
+    return True
 
 
 def build_cases(tool: str, text: str, build) -> list[tuple[str, object]] | None:

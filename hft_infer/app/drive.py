@@ -493,14 +493,15 @@ def result_table(out: dict, title: str) -> str:
 def feed_line(out: dict) -> str:
     """The busiest instrument's rate beside the model's step rate: a stateful model steps one row
     per instrument per step, so it keeps up only while steps/s >= the busiest instrument's events/s."""
-    b, steps = out.get("busiest_instrument"), out.get("steps_per_s")
-    text = "feed: no events" if not b else (
-        f"feed: the busiest instrument ({b['id']}) carries {b['share']:.1%} of the events, "
-        + (f"{b['per_s']:,.0f}/s" if b["per_s"] else "-"))
-    return text + ("; the service stepped " + (f"{steps:,.0f} steps/s" if steps is not None else "- steps/s (no "
-                                                 "stats interval inside the measured feed)")
-                   + " (a stateful model keeps up only while steps/s >= the busiest instrument's events/s)"
-                   if "steps_per_s" in out and out.get("service") != "null" else "")
+    b = out.get("busiest_instrument")
+    text = "feed: no events" if not b else (f"feed: the busiest instrument ({b['id']}) carries {b['share']:.1%} "
+                                            f"of the events, " + (f"{b['per_s']:,.0f}/s" if b["per_s"] else "-"))
+    if "steps_per_s" not in out or out.get("service") == "null":  # the null service steps nothing
+        return text
+    steps = out["steps_per_s"]
+    stepped = f"{steps:,.0f} steps/s" if steps is not None else "- steps/s (no stats interval inside the measured feed)"
+    return (f"{text}; the service stepped {stepped} (a stateful model keeps up only while steps/s >= the "
+            f"busiest instrument's events/s)")
 
 
 def floor_table(floor: dict, main: dict) -> str:
