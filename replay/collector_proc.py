@@ -25,6 +25,10 @@ Replies on stdout (replay.child): `ready` when the first Status arrives (the
 subscription has reached the service, so no later decision can be missed);
 then, on command,
 - `quiet Q T`:  replies `quiet` once no frame has come for Q s (`quiet timeout` after T s);
+- `quiet Q T settled`: the same, and only once, on every endpoint, the newest Status that came after
+                the command says `pending = 0`: a service that someone else started and that keeps
+                running (so no final Status accounts for what it still holds) may sit on events for
+                longer than Q (a slow step, `runner.cpu_worker`) without sending anything;
 - `final T`:    replies `final` once a Status with final = true has come (`final timeout`);
 - `status T`:   replies `status` once a Status newer than the command has come;
 - `stop`:       writes every frame and its receive time to --out, replies `done N`, exits.
@@ -135,6 +139,14 @@ class Receiver:
         return msg if isinstance(msg, Status) else None
 
 
+def settled(r: Receiver, first: int) -> bool:
+    """Has a Status come since r.status_at[first], and does the newest one say nothing is pending?"""
+    if len(r.status_at) <= first:
+        return False
+    newest = r.status(r.status_at[-1])
+    return newest is not None and newest.pending == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="collector_proc")
     ap.add_argument("--endpoint", action="append", required=True,
@@ -225,8 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             if words[0] == "exit":
                 return 0
             if words[0] == "quiet":
-                # quiet since the later of the last frame and the command
-                waiting = ("quiet", (now, int(float(words[1]) * 1e9)), now + int(float(words[2]) * 1e9))
+                # quiet since the later of the last frame and the command; settled: the Statuses from
+                # len(status_at) on (per endpoint) are the ones that came after the command
+                first_status = [len(r.status_at) for r in rxs] if words[3:4] == ["settled"] else None
+                waiting = ("quiet", (now, int(float(words[1]) * 1e9), first_status),
+                           now + int(float(words[2]) * 1e9))
             elif words[0] == "final":
                 # arg: per endpoint, the first Status not yet looked at (-1: its final one has come)
                 waiting = ("final", [0] * len(rxs), now + int(float(words[1]) * 1e9))
@@ -237,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         if waiting is not None:
             what, arg, deadline = waiting
             if what == "quiet":
-                since, quiet_ns = arg
+                since, quiet_ns, first_status = arg
                 done = now - max([since] + [r.times[r.n - 1] for r in rxs if r.n]) >= quiet_ns
+                if done and first_status is not None:
+                    done = all(settled(r, first) for r, first in zip(rxs, first_status))
             elif what == "final":
                 for k, r in enumerate(rxs):  # look at each Status once
                     if arg[k] >= 0:

@@ -65,6 +65,8 @@ from hft_infer.transport.schema import TAG_STATUS
 from hft_infer.transport.sockets import bind
 from hft_infer.transport.stats import decode_snapshot
 
+QUIET_S = 0.3  # the feed is over once no decision has come for this long (settled: see run_schedule)
+SETTLE_TIMEOUT_S = 10.0
 SUBSCRIPTION_SETTLE_MS = 300  # a running service: other subscribers may connect at the same moment
 START_LEAD_NS = 100_000_000  # `go` names a start this far ahead: every process is past its pipe read by then
 
@@ -297,7 +299,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         start = perf_ns() + START_LEAD_NS
         if stats is not None:
             stats.measure(load, start)
-        run_schedule(pacer, collectors, load, start, label=label, quiet=quiet, idle=idle)
+        settled = run_schedule(pacer, collectors, load, start, label=label, quiet=quiet, idle=idle,
+                               settled=service is None)
         if service is not None:
             service.proc.terminate()
             got = wait_replies(send_all(collectors[:1], "final", 30.0), 40.0, on_idle=lambda: stats and stats.poll())
@@ -311,7 +314,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
                 if stats.snapshots and stats.snapshots[-1].final:
                     break
                 time.sleep(0.05)
-        else:
+        elif not settled:  # a Status newer than the feed (a settled one is)
             wait_replies(send_all(collectors[:1], "status", 5.0), 10.0)
         wait_replies(send_all(collectors, "stop"), 120.0)
         with np.load(os.path.join(work, "pacer.npz")) as z:
@@ -396,9 +399,14 @@ def placed_hot_cores(log_path: Path) -> list[int] | None:
 
 
 def run_schedule(pacer: Child, collectors: list[Child], load: Load, start_ns: int, *, label: str, quiet: bool,
-                 idle) -> None:
+                 idle, settled: bool = False) -> bool:
     """Start the pacer at `start_ns`, show its progress, wait until it has sent the whole feed,
-    then until every collector has seen the decisions go quiet (`idle` runs while waiting)."""
+    then until every collector has seen the decisions go quiet (`idle` runs while waiting).
+
+    `settled`: a service this run did not start (so no final Status will account for what it still
+    holds): quiet also needs a Status after the feed that says nothing is pending -- a slow step
+    (runner.cpu_worker) can hold events for longer than the quiet period without a frame.
+    Returns whether every collector saw that Status (False without `settled`)."""
     progress = None if quiet or not sys.stderr.isatty() else Progress(len(load.feed), label)
     pacer.send("go", start_ns)
     schedule_s = (int(load.offsets_ns[-1]) - int(load.offsets_ns[0])) / 1e9 if len(load.feed) else 0.0
@@ -408,7 +416,15 @@ def run_schedule(pacer: Child, collectors: list[Child], load: Load, start_ns: in
                         if progress is not None and ln.startswith("progress") else None)
     if progress:
         progress.done(int(done[pacer].split()[1]))
-    wait_replies(send_all(collectors, "quiet", 0.3, 10.0), 20.0, on_idle=idle)
+    words = ("quiet", QUIET_S, SETTLE_TIMEOUT_S) + (("settled",) if settled else ())
+    got = wait_replies(send_all(collectors, *words), SETTLE_TIMEOUT_S + 10.0, on_idle=idle)
+    if not settled:
+        return False
+    if any(v != "quiet" for v in got.values()):
+        print(f"{label}: warning: the service still had events pending {SETTLE_TIMEOUT_S:.0f} s after the feed "
+              "ended; the ones not answered by now count as lost", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def restore_process(saved_env: str | None, saved_mask, work: Path) -> None:

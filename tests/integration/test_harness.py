@@ -214,3 +214,60 @@ def test_bench_with_floor_reports_the_floor_beside_the_service(tmp_path):
     assert set(out["stages"]) >= {"wire", "step", "service"}
     assert "floor: the null service under the same load" in r.stdout and "service / floor" in r.stdout
     assert json.loads((tmp_path / "run" / "floor" / "summary.json").read_text())["service"] == "null"
+
+
+
+def _status(pending: int) -> list[bytes]:
+    return [SERVICE_TOPIC, encode(Status(0, 10, 10 - pending, 0, 0, 0, pending, 0, 0, [0] * 12))]
+
+
+def _replies_within(child, seconds: float) -> list[str]:
+    """Every reply `child` sends within `seconds` (the collector's stdout, read without blocking)."""
+    import select
+    import time
+
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if select.select([child], [], [], left)[0]:
+            child.read_available()
+    return list(child.lines)
+
+
+def test_the_collector_waits_for_a_settled_status_when_asked_and_not_otherwise(tmp_path):
+    """`quiet Q T settled` (replay against a service it did not start): a service whose step outlasts
+    Q holds events without sending a frame; only a Status after the command with pending = 0 ends
+    the wait. A plain `quiet` ends after Q whatever the Status said. The stand-in service is a PUB
+    socket in the test; the collector is the real process the harness starts."""
+    import time
+
+    from hft_infer.replay.child import Child, wait_replies
+
+    ctx = zmq.Context()
+    endpoint = f"ipc://{tmp_path}/d.sock"
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(endpoint)
+    col = Child("collector", "hft_infer.replay.collector_proc",
+                ["--endpoint", endpoint, "--out", str(tmp_path / "c.npz")], tmp_path / "collector.log")
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in _replies_within(col, 0.05):  # a Status until the subscription has arrived
+            assert time.monotonic() < deadline, "the collector never became ready"
+            pub.send_multipart(_status(3))
+        col.lines.clear()
+        col.send("quiet", 0.2, 10, "settled")
+        # three quiet periods: the newest Status came before the command (and said 3 pending)
+        assert _replies_within(col, 0.6) == []
+        pub.send_multipart(_status(1))  # after the command, but still pending
+        assert _replies_within(col, 0.6) == []
+        pub.send_multipart(_status(0))
+        t0 = time.monotonic()
+        assert wait_replies({col: "quiet"}, 5.0)[col] == "quiet"
+        assert time.monotonic() - t0 >= 0.15  # and quiet for Q after that Status
+        pub.send_multipart(_status(2))
+        col.send("quiet", 0.2, 10)  # plain: pending is not looked at
+        assert wait_replies({col: "quiet"}, 5.0)[col] == "quiet"
+    finally:
+        col.proc.kill()
+        col.proc.wait()
+        pub.close(0)
+        ctx.term()
