@@ -263,6 +263,9 @@ class Service:
         fd = None if self._ingest_shm else self.ingest_sock.getsockopt(zmq.FD)
         if fd is not None:  # iceoryx2 has no FD to wait on: _wait_readable sleeps in short ticks
             loop.add_reader(fd, self._wake)
+        done_fd = self.engine.done_fd
+        if done_fd is not None:  # a step on a worker thread: its end wakes the idle loop (runner/worker.py)
+            loop.add_reader(done_fd, self._wake)
         self.heap.freeze()  # no-op if finish_warmup froze it already (serve passes it this heap)
         now = perf_ns()
         self._last_ship_ns = now
@@ -280,6 +283,8 @@ class Service:
         finally:
             if fd is not None:
                 loop.remove_reader(fd)
+            if done_fd is not None:
+                loop.remove_reader(done_fd)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             self.heap.restore()
@@ -290,6 +295,8 @@ class Service:
         spin_ns = cfg.spin_budget_us * 1000
         yield_ns = cfg.yield_interval_us * 1000
         engine, sched, stages, step = self.engine, self.sched, self.stages, self.step
+        # a step on a worker thread needs the GIL that a spinning loop holds: sleep instead
+        sleep_in_flight = engine.done_fd is not None
         gap_buf = self.bufs["loop_gap"]
         idle_fold_min = stages.IDLE_FOLD_MIN
         last_yield = last_work = last_iter = perf_ns()
@@ -325,7 +332,11 @@ class Service:
             # but not while a step is in flight: a fold (~40-300 µs) would delay collecting it
             if not step.inflight and not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
-            if step.inflight or mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns):
+            if step.inflight:
+                spin = not sleep_in_flight
+            else:
+                spin = mode == "busy" or (mode == "hybrid" and now - last_work < spin_ns)
+            if spin:
                 if now - last_yield >= yield_ns:
                     await asyncio.sleep(0)  # timers, signals, the FD reader
                     last_yield = perf_ns()
@@ -346,7 +357,8 @@ class Service:
         wake_ns = min(self._next_ship_ns, self._next_status_ns)
         if self.feed_monitor is not None:
             wake_ns = min(wake_ns, self.feed_monitor.next_check_ns)
-        due = self.sched.batch_due_ns(now)
+        # a batch that falls due while the engine is busy waits for the step's end (done_fd)
+        due = self.sched.batch_due_ns(now) if self.engine.can_submit else -1
         if due == 0:
             return
         if due > 0:
@@ -387,7 +399,10 @@ class Service:
                 break
             step.flush()
             self._housekeeping(now)
-            if now - last_yield > 1_000_000:
+            if not worked and step.inflight and self.engine.done_fd is not None:
+                await self._wait_readable(now)  # not spinning on the GIL the worker's step needs
+                last_yield = perf_ns()
+            elif now - last_yield > 1_000_000:
                 await asyncio.sleep(0)  # signals (a third one forces the drain)
                 last_yield = perf_ns()
         step.drain_inflight()

@@ -67,6 +67,10 @@ class Engine:
     # True when submit runs the step (poll is True at once): the stepper answers it within submit;
     # an asynchronous engine's step is polled by the loop, not at submit (an event query, ~1-3 µs)
     done_at_submit = True
+    # An FD that is readable while a finished step waits to be collected, for engines whose steps
+    # run on a thread of this process (runner/worker.py): the loop sleeps on it instead of spinning,
+    # since a spinning loop holds the GIL that the step's thread needs between its kernels
+    done_fd: int | None = None
 
     def __init__(self, buckets: list[int], sink_slot: int, *, stateful: bool, reason: str) -> None:
         self.bucket_map = BucketMap(buckets)

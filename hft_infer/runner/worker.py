@@ -10,13 +10,40 @@ step is long against the per-event work (measured in BENCHMARKS.md).
 
 One step in flight at a time (the eager engine has one staging buffer), in
 submission order, so the engine's per-slot state sees steps in order.
+
+The GIL. An eager step is tens of torch and numpy calls, and the worker needs
+the GIL for each call's Python and dispatch between the kernels. A loop that
+spins while the step is in flight holds the GIL, and the worker gets it back
+only when the interpreter forces a switch (`sys.getswitchinterval()`, 5 ms).
+On the dev VM (2 cores), lstm_a stream at 20k events/s: the service decided
+14-44 % of the events with the spinning loop (step p50 0.7-7.3 ms against
+0.25 ms inline), 78-88 % with the sleeping one (step p50 0.7-1.4 ms) and
+100 % without the worker (BENCHMARKS.md, wave 17: two cores leave the worker
+no core of its own). So a finished step raises `done_fd` (an eventfd) and the
+loop, with nothing to ingest, sleeps on it and on the ingest socket instead
+of spinning (service.py); `finish` and `reset_slots` block on an Event.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 
 from hft_infer.runner.base import Engine, EngineFailure
+
+
+PR_SET_NAME = 15  # linux/prctl.h
+THREAD_NAME = "hft-infer-step"  # what top -H, ps -L and the placement report show for the worker
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread `name` in the OS (Python's Thread.name stays inside Python),
+    so an operator can tell the step thread from the loop's; a failure is harmless."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class WorkerEngine(Engine):
@@ -37,9 +64,12 @@ class WorkerEngine(Engine):
         self._job = threading.Condition()
         self._todo: tuple[int, int] | None = None
         self._finished = False
+        self._done = threading.Event()  # set with _finished: what `finish` blocks on
+        # readable from the end of a step until it is collected: the idle loop sleeps on it
+        self.done_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._error: BaseException | None = None
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="hft-infer-step", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     @property
@@ -54,6 +84,7 @@ class WorkerEngine(Engine):
             raise RuntimeError("submit with the worker's step in flight")
         self.in_flight = 1
         self._finished = False
+        self._done.clear()
         with self._job:
             self._todo = (0, n)
             self._job.notify()
@@ -65,9 +96,21 @@ class WorkerEngine(Engine):
 
     def collect(self):
         self.in_flight = 0
+        try:
+            os.eventfd_read(self.done_fd)  # not readable again until the next step ends
+        except BlockingIOError:
+            pass
         return self.inner.collect()
 
+    def finish(self):
+        """Wait for the step in flight without holding the GIL (the worker needs it), then collect."""
+        if self.in_flight:
+            self._done.wait()
+        self.poll()  # raises the worker's error, if any
+        return self.collect()
+
     def _run(self) -> None:
+        name_os_thread(THREAD_NAME)
         inner = self.inner
         while True:
             with self._job:
@@ -82,6 +125,8 @@ class WorkerEngine(Engine):
             except BaseException as e:  # noqa: BLE001 - reported by the next poll, on the loop's thread
                 self._error = e
             self._finished = True  # a plain store: the GIL orders it after the step's writes
+            self._done.set()
+            os.eventfd_write(self.done_fd, 1)
 
     def warm_up(self, rounds: int = 3) -> None:
         self.inner.warm_up(rounds)
@@ -91,8 +136,9 @@ class WorkerEngine(Engine):
         self.inner.reset()
 
     def reset_slots(self, slots) -> None:
-        while self.in_flight and not self.poll():
-            pass
+        if self.in_flight:  # the step in flight still reads those slots' state
+            self._done.wait()
+            self.poll()
         self.inner.reset_slots(slots)
 
     def close(self) -> None:
@@ -101,3 +147,6 @@ class WorkerEngine(Engine):
             self._job.notify()
         self._thread.join(timeout=5.0)
         self.inner.close()
+        if self.done_fd is not None:
+            os.close(self.done_fd)
+            self.done_fd = None

@@ -5,6 +5,7 @@ decide like a fresh start, signals during the drain."""
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import time
@@ -38,6 +39,42 @@ def test_the_loop_keeps_ingesting_while_a_step_is_in_flight():
     # how many batches that took depends on how long the worker's first step runs cold, so only
     # "some were decided" is asserted about them
     assert counters["overlapped"] > 0 and counters["batches"] >= 1 and final.decided > 0
+
+
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of process `pid` by thread name ("main": the
+    thread the process started with, which runs the loop)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        name = "main" if int(tid) == pid else stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on: utime is 14, stime 15
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def test_the_loop_sleeps_instead_of_spinning_while_the_workers_step_runs():
+    """runner.cpu_worker: a loop that spins while the step is in flight holds the GIL the worker
+    needs between kernels (runner/worker.py: lstm_a's steps took ~20x longer). With nothing to
+    ingest the loop sleeps on the ingest socket and the worker's done_fd, so over a feed that
+    keeps the worker stepping, the loop's thread spends far less CPU than the worker's (spinning,
+    it spent at least as much). CPU time per thread from /proc, not wall-clock time."""
+    n = 2000
+    with ServiceUnderTest(SLOW_MODEL + ["runner.cpu_worker=true", "universe.instruments=8"]) as svc:
+        svc.start(n_topics=9)
+        pid = svc.proc.pid
+        before = _thread_cpu_s(pid)
+        svc.send_quotes([(i % 8, i // 8) for i in range(n)], gap_s=0.0002)
+        svc.wait_for(lambda m: any(isinstance(x, Status) and x.received == n and x.pending == 0 for x in m))
+        after = _thread_cpu_s(pid)
+        final = svc.stop()
+    assert final.received == n and _identity(final) and final.decided > 0
+    loop_s, step_s = after["main"] - before["main"], after["hft-infer-step"] - before["hft-infer-step"]
+    assert step_s >= 0.1, (loop_s, step_s)  # the worker stepped long enough to compare against
+    assert loop_s < step_s / 2, (loop_s, step_s)
 
 
 @pytest.mark.gpu

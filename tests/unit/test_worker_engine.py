@@ -1,0 +1,92 @@
+"""runner.cpu_worker's engine (runner/worker.py) and the GIL: its step runs on a thread that needs
+the GIL between kernels, so whoever waits for it must not spin. A finished step raises `done_fd`
+(the service's idle loop sleeps on it) until it is collected; `finish` blocks, it does not spin.
+
+CPU time, not wall-clock time, is what these tests hold: a thread that spins for a step of
+several milliseconds burns about that much CPU, one that blocks burns almost none."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+import numpy as np
+import pytest
+
+from hft_infer.config import load_config
+from hft_infer.runner.base import EngineFailure
+from hft_infer.runner.select import build_runtime
+from hft_infer.runner.worker import WorkerEngine
+
+# an LSTM window recomputed per trigger: a CPU step of several milliseconds at batch 64
+SLOW_MODEL = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"',
+              'runner.engine="eager"', "universe.instruments=64"]
+
+
+@pytest.fixture
+def worker():
+    cfg = load_config(None, SLOW_MODEL)
+    rt = build_runtime(cfg, 64)
+    engine = WorkerEngine(rt.engine)
+    engine.warm_up(1)
+    yield engine
+    engine.close()
+
+
+def _submit_full(engine: WorkerEngine) -> int:
+    slots, positions = engine.request()
+    n = engine.max_batch
+    slots[:n] = np.arange(n) % 64
+    positions[:n] = 0
+    engine.submit(n)
+    return n
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    return bool(select.select([fd], [], [], timeout_s)[0])
+
+
+def test_done_fd_is_readable_from_a_steps_end_until_it_is_collected(worker):
+    assert not _readable(worker.done_fd, 0)
+    n = _submit_full(worker)
+    assert _readable(worker.done_fd, 30.0)  # the step ended (and said so without being polled)
+    assert worker.poll()
+    assert _readable(worker.done_fd, 0)  # still: nothing collected it yet
+    scores, actions = worker.collect()
+    assert len(scores) == n == len(actions) and np.isfinite(scores).all()
+    assert not _readable(worker.done_fd, 0) and not worker.poll()
+
+
+def test_finish_blocks_without_spinning_while_the_worker_steps(worker):
+    # the step's length on this machine: the thread that waits spends less than a fifth of it on CPU
+    t0 = time.perf_counter()
+    _submit_full(worker)
+    worker.finish()
+    step_s = time.perf_counter() - t0
+    cpu0 = time.thread_time()
+    _submit_full(worker)
+    scores, _ = worker.finish()
+    waited_cpu_s = time.thread_time() - cpu0
+    assert np.isfinite(scores).all() and not worker.in_flight and not _readable(worker.done_fd, 0)
+    assert waited_cpu_s < step_s / 5, (waited_cpu_s, step_s)
+
+
+def test_a_failed_step_is_reported_by_finish_and_still_wakes_the_loop(worker):
+    def fail(n):
+        raise RuntimeError("boom")
+
+    worker.inner.submit = fail
+    worker.submit(1)
+    assert _readable(worker.done_fd, 30.0)  # a loop asleep on done_fd wakes for the failure too
+    with pytest.raises(EngineFailure, match="boom"):
+        worker.finish()
+
+
+def test_close_ends_the_thread_and_the_fd(worker):
+    fd, thread = worker.done_fd, worker._thread
+    worker.close()
+    assert worker.done_fd is None and not thread.is_alive()
+    with pytest.raises(OSError):  # EBADF: closed (nothing else opened an FD meanwhile to reuse it)
+        os.fstat(fd)
+    worker.close()  # twice (the fixture closes it again): no error
