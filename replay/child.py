@@ -214,8 +214,9 @@ def wait_replies(wanted: dict[Child, str], timeout_s: float, *, on_idle=None, on
     collect()
     while len(got) < len(wanted):
         if time.monotonic() > deadline:
-            late = ", ".join(f"{c.name} ({w!r})" for c, w in wanted.items() if c not in got)
-            raise ChildError(f"no reply within {timeout_s:.0f} s from {late}")
+            # each late child's log tail says how far it got (the pacer: how many subscriptions came)
+            raise ChildError("\n".join(c._failure(f"sent no {w!r} reply within {timeout_s:.0f} s")
+                                       for c, w in wanted.items() if c not in got))
         pending = [c for c in wanted if c not in got]
         readable, _, _ = select.select(pending, [], [], idle_s)
         for child in readable:

@@ -37,6 +37,8 @@ from hft_infer.transport.schema import ALL_INSTRUMENTS, BYTES_PER_LEVEL, Reset
 from hft_infer.transport.shm import ShmPublisher, service_of
 from hft_infer.transport.sockets import EndpointError, bind
 
+SUBSCRIPTION_LOG_NS = 1_000_000_000  # while waiting for subscriptions: the count in the log at most this often
+
 
 def _shards_of_events(path: str, feed) -> tuple[np.ndarray, int]:
     """The shard of each of the feed's events, from --shard-map's instrument -> shard table."""
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     pacer.prepare()
     commands = Commands()
     subscribed, last_sub = 0, perf_ns()
+    logged_subs, next_log = -1, perf_ns() + SUBSCRIPTION_LOG_NS  # -1: "0 so far" is worth a line too
     settle_ns = int(a.settle_ms * 1e6)
     go = None
     reported = False
@@ -127,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                 if pub.recv()[:1] == b"\x01":
                     subscribed += 1
                     last_sub = perf_ns()
+        if not reported and subscribed != logged_subs and perf_ns() >= next_log:
+            # how far the subscriptions got, in the log a driver's timeout error quotes
+            log(f"pacer: {subscribed} of {a.topics} subscriptions so far")
+            logged_subs, next_log = subscribed, perf_ns() + SUBSCRIPTION_LOG_NS
         if not reported and subscribed >= a.topics and perf_ns() - last_sub >= settle_ns:
             reply("subscribed", subscribed)
             log(f"pacer: {subscribed} subscriptions")

@@ -271,3 +271,35 @@ def test_the_collector_waits_for_a_settled_status_when_asked_and_not_otherwise(t
         col.proc.wait()
         pub.close(0)
         ctx.term()
+
+
+def test_a_pacer_short_of_subscriptions_says_how_many_came_when_the_driver_gives_up(tmp_path):
+    """The driver waits for `subscribed` (every topic the service subscribes to); when that times
+    out, the error quotes the pacer's log, which counts what did arrive: 2 of 5 here, the one SUB
+    subscribing to two topics (a service that subscribed to only part of its universe, or none)."""
+    from hft_infer.replay.child import Child, ChildError, wait_replies
+    from hft_infer.replay.pacer import save_feed
+
+    events = generate(10, SyntheticConfig(instruments=2, seed=1))
+    feed = tmp_path / "feed.npz"
+    save_feed(str(feed), encode_feed(events), np.arange(10, dtype=np.int64) * 1000)
+    endpoint = f"ipc://{tmp_path}/md.sock"
+    pacer = Child("pacer", "hft_infer.replay.pacer_proc",
+                  ["--feed", str(feed), "--endpoint", endpoint, "--out", str(tmp_path / "p.npz"), "--topics", "5"],
+                  tmp_path / "pacer.log")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        assert wait_replies({pacer: "bound"}, 30.0)
+        sub.connect(endpoint)
+        for topic in (topic_for(0), topic_for(1)):
+            sub.setsockopt(zmq.SUBSCRIBE, topic)
+        with pytest.raises(ChildError) as err:
+            wait_replies({pacer: "subscribed"}, 3.0)
+        msg = str(err.value)
+        assert "sent no 'subscribed' reply within 3 s" in msg and str(tmp_path / "pacer.log") in msg
+        assert "pacer: 2 of 5 subscriptions so far" in msg, msg
+    finally:
+        pacer.close()
+        sub.close(0)
+        ctx.term()
