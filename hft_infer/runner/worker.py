@@ -32,7 +32,6 @@ import threading
 
 from hft_infer.runner.base import Engine, EngineFailure
 
-
 PR_SET_NAME = 15  # linux/prctl.h
 THREAD_NAME = "hft-infer-step"  # what top -H, ps -L and the placement report show for the worker
 
