@@ -37,6 +37,10 @@ class ChildError(RuntimeError):
     """A harness process failed or did not answer; the message is one line plus its log tail."""
 
 
+class ChildTimeout(ChildError):
+    """A harness process did not send the reply waited for in time (it may still be running)."""
+
+
 # ------------------------------------------------------------------ child side
 
 
@@ -195,7 +199,7 @@ def wait_replies(wanted: dict[Child, str], timeout_s: float, *, on_idle=None, on
 
     `on_idle()` runs at least every `idle_s` (it may raise, e.g. when the service
     died); `on_line(child, line)` sees every other reply (progress lines).
-    Raises ChildError on a child's exit, an `error` reply or the timeout.
+    Raises ChildError on a child's exit or an `error` reply, ChildTimeout on the timeout.
     """
     got: dict[Child, str] = {}
     deadline = time.monotonic() + timeout_s
@@ -215,7 +219,7 @@ def wait_replies(wanted: dict[Child, str], timeout_s: float, *, on_idle=None, on
     while len(got) < len(wanted):
         if time.monotonic() > deadline:
             # each late child's log tail says how far it got (the pacer: how many subscriptions came)
-            raise ChildError("\n".join(c._failure(f"sent no {w!r} reply within {timeout_s:.0f} s")
+            raise ChildTimeout("\n".join(c._failure(f"sent no {w!r} reply within {timeout_s:.0f} s")
                                        for c, w in wanted.items() if c not in got))
         pending = [c for c in wanted if c not in got]
         readable, _, _ = select.select(pending, [], [], idle_s)

@@ -55,7 +55,7 @@ from hft_infer.metrics import (
     summarize,
 )
 from hft_infer.metrics.hlog import write_hgrm
-from hft_infer.replay.child import Child, ChildError, wait_replies
+from hft_infer.replay.child import Child, ChildError, ChildTimeout, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames
 from hft_infer.replay.events import busiest_instrument
@@ -286,8 +286,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         try:
             wait_replies({pacer: "subscribed", **{c: "ready" for c in collectors}},
                          READY_TIMEOUT_S if target.start_service else 30.0, on_idle=idle)
-        except ChildError as e:
-            if "no reply" not in str(e) or target.start_service:
+        except ChildTimeout as e:
+            if target.start_service:
                 raise
             raise UserError(f"no service answered on the config's endpoints within 30 s ({e}): is `hft-infer "
                             f"serve` running with this config?") from None
