@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Fuzz a running service with random and mutated frames (issue 9: >= 100k frames).
 
-    python tools/fuzz_service.py [--frames 100000] [--seed 1] [--json fuzz.json]
+    python tools/fuzz_service.py [--frames 100000] [--seed 1] [--json fuzz.json] [--set K=V]...
+
+`--set` runs the storm against another configuration of the service (the model, the runner,
+the ingest; e.g. `--set 'model.checkpoint=""' --set 'model.preset="lstm_a"' --set
+runner.cpu_worker=true`); the universe stays the default's 64 instruments, which the corpus
+is written for.
 
 Starts `hft-infer serve` (default config, private runtime dir), publishes a
 mix of random byte strings, mutated valid quotes/trades (bytes flipped, cut,
@@ -255,12 +260,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rate", type=float, default=20_000, help="frames/s offered")
     ap.add_argument("--json")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one config value of the service (repeatable; not universe.*)")
     a = ap.parse_args()
+    if any(o.split("=", 1)[0].strip().startswith("universe.") for o in a.set):
+        ap.error("--set universe.*: the corpus is written for the default universe of 64 instruments")
     rng = random.Random(a.seed)
     frames = corpus(rng, a.frames)
     runtime = private_runtime_dir("hft-fuzz-")
     ctx = zmq.Context()
-    svc = ServiceProcess(config=None, overrides=["service.name=fuzz"], run_dir=Path(runtime) / "run",
+    svc = ServiceProcess(config=None, overrides=["service.name=fuzz", *a.set], run_dir=Path(runtime) / "run",
                          log_dir=Path(runtime), env=dict(os.environ, HFT_INFER_RUNTIME_DIR=runtime))
     try:
         pub = open_feed_publisher(ctx, f"ipc://{runtime}/fuzz-md.sock")
@@ -310,6 +319,7 @@ def main() -> int:
     events_sent = len(frames) + 5 - exp["not_events"] + exp["batch_extra"]
     events_least = events_sent - exp["mergeable"]
     result = {
+        "config_overrides": a.set,
         "frames_sent": len(frames) + 5, "events_sent": events_sent, "events_sent_least": events_least,
         "mergeable_pairs": exp["mergeable"], "seconds": elapsed, "exit_code": code,
         "final_status": got_final, "rejected_answered": len(answered),
