@@ -219,7 +219,7 @@ def expectations(frames: list[list[bytes]]) -> dict:
         if len(f) != 2 or len(f[0]) != 4:
             continue
         try:
-            peek = msgpack.unpackb(f[1], raw=False, strict_map_key=False, ext_hook=_any_ext)
+            peek = msgpack.unpackb(f[1], raw=True, strict_map_key=False, ext_hook=_any_ext)
         except Exception:  # noqa: BLE001 - not msgpack
             peek = None
         if isinstance(peek, list) and peek and peek[0] == 5:  # an EventBatch's tag

@@ -1,0 +1,19 @@
+"""tools/fuzz_service.py's expectations of what the service counts, against the service's decoder."""
+
+from __future__ import annotations
+
+from fuzz_service import expectations
+
+from hft_infer.transport.codec import IngressDecoder, topic_for
+from hft_infer.transport.schema import Reset
+
+
+def test_a_reset_with_an_undecodable_string_in_a_trailing_field_is_not_an_event():
+    """Seed 2 of the fuzzer mutated a Quote into a Reset with extra trailing fields, one a string of
+    invalid UTF-8: msgspec skips fields past a struct's own without reading them, so the service
+    applied a Reset (not an event); the fuzzer's msgpack peek decoded strings as UTF-8, failed, and
+    expected one event more than the service counted."""
+    payload = b"\x95\x04\x04\x04\x00\xa2\xff\xfe"  # [4, 4, 4, 0, <2 bytes of invalid UTF-8 as a str>]
+    assert IngressDecoder().decode(payload) == Reset(4, 4)
+    exp = expectations([[topic_for(34), payload]])
+    assert exp["not_events"] == 1 and exp["batch_extra"] == 0 and exp["mergeable"] == 0
