@@ -146,6 +146,8 @@ class WorkerEngine(Engine):
             self._job.notify()
         self._thread.join(timeout=5.0)
         self.inner.close()
-        if self.done_fd is not None:
+        # a worker still in a step (the join timed out) would write to the FD when it ends: one
+        # closed meanwhile could by then be another file's, so it stays open (a leak at exit)
+        if self.done_fd is not None and not self._thread.is_alive():
             os.close(self.done_fd)
             self.done_fd = None
