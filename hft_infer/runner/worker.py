@@ -46,6 +46,7 @@ def name_os_thread(name: str) -> None:
 
 
 class WorkerEngine(Engine):
+    JOIN_TIMEOUT_S = 5.0  # close(): how long a step still running may take to end
     max_inflight = 1
     reads_ring_in_flight = True  # the worker reads the ring while the loop ingests
     done_at_submit = False
@@ -144,7 +145,7 @@ class WorkerEngine(Engine):
         with self._job:
             self._stop = True
             self._job.notify()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=self.JOIN_TIMEOUT_S)
         self.inner.close()
         # a worker still in a step (the join timed out) would write to the FD when it ends: one
         # closed meanwhile could by then be another file's, so it stays open (a leak at exit)

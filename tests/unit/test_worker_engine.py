@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 
 import numpy as np
@@ -90,3 +91,27 @@ def test_close_ends_the_thread_and_the_fd(worker):
     with pytest.raises(OSError):  # EBADF: closed (nothing else opened an FD meanwhile to reuse it)
         os.fstat(fd)
     worker.close()  # twice (the fixture closes it again): no error
+
+
+def test_close_leaves_the_fd_open_while_a_step_outlasts_the_join(worker):
+    """A step still running when close() gives up waiting will write to done_fd when it ends: the FD
+    stays open (a closed number could by then be another file's) and the write lands in it."""
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(n):
+        entered.set()
+        release.wait(30)
+
+    worker.inner.submit = stuck
+    worker.JOIN_TIMEOUT_S = 0.05
+    worker.submit(1)
+    assert entered.wait(30)  # in the step (a close before it starts ends the thread at once)
+    worker.close()
+    fd = worker.done_fd
+    assert fd is not None and worker._thread.is_alive()
+    os.fstat(fd)  # still open
+    release.set()
+    worker._thread.join(30)
+    assert _readable(fd, 5.0)  # the step's end was written to the eventfd, not to another file
+    os.close(fd)
+    worker.done_fd = None
