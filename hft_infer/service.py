@@ -382,6 +382,7 @@ class Service:
         deadline = perf_ns() + self.cfg.service.drain_timeout_ms * 1_000_000
         quiet_since = last_yield = perf_ns()
         step = self.step
+        sleep_in_flight = self.engine.done_fd is not None  # as in _loop: a worker's step needs the GIL
         # Frames already sent may still be in libzmq's I/O thread when the socket first looks
         # empty: read until the feed has been silent for DRAIN_QUIET_NS.
         while not self._force:
@@ -399,8 +400,8 @@ class Service:
                 break
             step.flush()
             self._housekeeping(now)
-            if not worked and step.inflight and self.engine.done_fd is not None:
-                await self._wait_readable(now)  # not spinning on the GIL the worker's step needs
+            if not worked and step.inflight and sleep_in_flight:
+                await self._wait_readable(now)
                 last_yield = perf_ns()
             elif now - last_yield > 1_000_000:
                 await asyncio.sleep(0)  # signals (a third one forces the drain)

@@ -25,8 +25,8 @@ Replies on stdout (replay.child): `ready` when the first Status arrives (the
 subscription has reached the service, so no later decision can be missed);
 then, on command,
 - `quiet Q T`:  replies `quiet` once no frame has come for Q s (`quiet timeout` after T s);
-- `quiet Q T settled`: the same, and only once, on every endpoint, the newest Status that came after
-                the command says `pending = 0`: a service that someone else started and that keeps
+- `quiet Q T settled`: the same, once also the newest Status on every endpoint came after the
+                command and says `pending = 0`: a service that someone else started and that keeps
                 running (so no final Status accounts for what it still holds) may sit on events for
                 longer than Q (a slow step, `runner.cpu_worker`) without sending anything;
 - `final T`:    replies `final` once a Status with final = true has come (`final timeout`);

@@ -22,6 +22,9 @@ from hft_infer.transport.schema import Decision, DecisionBatch, Quote, Status
 # Until the trained default model ships, tests pin a small seeded preset so
 # they do not depend on it; the e2e test of the default config uses it as is.
 TEST_MODEL = ["model.checkpoint=\"\"", "model.preset=\"mlp_small\""]
+# a CPU step of several milliseconds (an LSTM window recomputed per trigger): time for frames to
+# arrive while it runs (runner.cpu_worker's tests)
+SLOW_MODEL = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"']
 
 
 def quote(instrument: int, seq: int, *, levels: int = 10, ts_send_ns: int = 0, priority: int = -1,

@@ -63,8 +63,7 @@ class WorkerEngine(Engine):
         self.in_flight = 0
         self._job = threading.Condition()
         self._todo: tuple[int, int] | None = None
-        self._finished = False
-        self._done = threading.Event()  # set with _finished: what `finish` blocks on
+        self._done = threading.Event()  # set at a step's end (its writes are done): what poll reads, finish waits on
         # readable from the end of a step until it is collected: the idle loop sleeps on it
         self.done_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._error: BaseException | None = None
@@ -83,7 +82,6 @@ class WorkerEngine(Engine):
         if self.in_flight:
             raise RuntimeError("submit with the worker's step in flight")
         self.in_flight = 1
-        self._finished = False
         self._done.clear()
         with self._job:
             self._todo = (0, n)
@@ -92,7 +90,7 @@ class WorkerEngine(Engine):
     def poll(self) -> bool:
         if self._error is not None:
             raise EngineFailure(f"CPU step failed on the worker: {type(self._error).__name__}: {self._error}")
-        return self.in_flight > 0 and self._finished
+        return self.in_flight > 0 and self._done.is_set()
 
     def collect(self):
         self.in_flight = 0
@@ -103,11 +101,16 @@ class WorkerEngine(Engine):
         return self.inner.collect()
 
     def finish(self):
-        """Wait for the step in flight without holding the GIL (the worker needs it), then collect."""
+        """Wait for the step in flight, then collect it."""
+        self._wait_step()
+        return self.collect()
+
+    def _wait_step(self) -> None:
+        """Block until the step in flight (if any) has ended, without holding the GIL the worker
+        needs; raise its error, if any."""
         if self.in_flight:
             self._done.wait()
-        self.poll()  # raises the worker's error, if any
-        return self.collect()
+        self.poll()
 
     def _run(self) -> None:
         name_os_thread(THREAD_NAME)
@@ -124,7 +127,6 @@ class WorkerEngine(Engine):
                 inner.submit(n)  # the eager engine's submit is the step
             except BaseException as e:  # noqa: BLE001 - reported by the next poll, on the loop's thread
                 self._error = e
-            self._finished = True  # a plain store: the GIL orders it after the step's writes
             self._done.set()
             os.eventfd_write(self.done_fd, 1)
 
@@ -136,9 +138,7 @@ class WorkerEngine(Engine):
         self.inner.reset()
 
     def reset_slots(self, slots) -> None:
-        if self.in_flight:  # the step in flight still reads those slots' state
-            self._done.wait()
-            self.poll()
+        self._wait_step()  # the step in flight still reads those slots' state
         self.inner.reset_slots(slots)
 
     def close(self) -> None:

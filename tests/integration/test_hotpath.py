@@ -14,14 +14,10 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from service_harness import TEST_MODEL, ServiceUnderTest
+from service_harness import SLOW_MODEL, TEST_MODEL, ServiceUnderTest
 
 from hft_infer.transport.codec import SERVICE_TOPIC, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Heartbeat, Outcome, Quote, Reason, Reset, Status, Trade
-
-# a CPU step of several milliseconds (an LSTM window recomputed per trigger): time for frames to
-# arrive while it runs
-SLOW_MODEL = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"']
 
 
 def _identity(st: Status) -> bool:

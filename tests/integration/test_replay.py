@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
-from service_harness import TEST_MODEL, ServiceUnderTest
+from service_harness import SLOW_MODEL, TEST_MODEL, ServiceUnderTest
 
 from hft_infer.replay.capture import read_capture
 from hft_infer.replay.events import encode_frames
@@ -174,8 +174,7 @@ def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batc
     would overwrite rows of the window a slow step is reading (lstm_a recompute: tens of ms), and
     its scores came out wrong (2 of 8 before the fix). `replay --verify` holds every decision to the
     offline reference."""
-    model = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"']
-    overrides = model + ["runner.cpu_worker=true", "ingest.max_drain=16", "universe.instruments=4"]
+    overrides = SLOW_MODEL + ["runner.cpu_worker=true", "ingest.max_drain=16", "universe.instruments=4"]
     with ServiceUnderTest(overrides) as svc:
         svc.start(feed=False)
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)

@@ -14,20 +14,20 @@ import time
 
 import numpy as np
 import pytest
+from service_harness import SLOW_MODEL
 
 from hft_infer.config import load_config
 from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
 from hft_infer.runner.worker import WorkerEngine
 
-# an LSTM window recomputed per trigger: a CPU step of several milliseconds at batch 64
-SLOW_MODEL = ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.window_method="recompute"',
-              'runner.engine="eager"', "universe.instruments=64"]
+# at batch 64: a CPU step of several milliseconds
+WORKER_MODEL = SLOW_MODEL + ['runner.engine="eager"', "universe.instruments=64"]
 
 
 @pytest.fixture
 def worker():
-    cfg = load_config(None, SLOW_MODEL)
+    cfg = load_config(None, WORKER_MODEL)
     rt = build_runtime(cfg, 64)
     engine = WorkerEngine(rt.engine)
     engine.warm_up(1)
