@@ -25,7 +25,7 @@ SATURATE = (1 << 63) - 1
 class Accounting:
     __slots__ = ("received", "decided", "shed", "rejected", "by_reason", "seq_gaps", "seq_missing", "seq_resets",
                  "heartbeats", "resets", "batches", "ingest_disconnects", "overlapped", "egress_dropped",
-                 "control_dropped")
+                 "control_dropped", "coalesced_reads")
 
     def __init__(self) -> None:
         self.received = 0
@@ -43,6 +43,7 @@ class Accounting:
         self.overlapped = 0
         self.egress_dropped = 0
         self.control_dropped = 0
+        self.coalesced_reads = 0
 
     # ------------------------------------------------------------ outcomes (cold paths)
 
@@ -71,6 +72,7 @@ class Accounting:
             "control_dropped": self.control_dropped, "seq_gaps": self.seq_gaps, "seq_missing": self.seq_missing,
             "seq_resets": self.seq_resets, "heartbeats": self.heartbeats, "resets": self.resets,
             "batches": self.batches, "ingest_disconnects": self.ingest_disconnects, "overlapped": self.overlapped,
+            "coalesced_reads": self.coalesced_reads,
         }
 
     def reasons(self) -> dict[str, int]:

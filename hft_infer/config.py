@@ -91,6 +91,8 @@ class IngestConfig(_Section):
     """busy/hybrid: longest stretch of spinning between yields to the event loop (timers, signals)."""
     max_drain: PosInt = 256
     """Most frames read in one ingest burst before the loop looks at the model step again."""
+    coalesce_us: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    """While a full batch (scheduler.max_batch rows) is already queued, read the feed at most once per this many µs, in one burst of what arrived: a burst's cost is mostly fixed, and past capacity a loop that reads each frame as it comes spends most of its time there. Events wait up to this long in the socket (under overload only). 0: read whenever input is there. Ignored with runner.cpu_worker (its loop sleeps while a step is in flight)."""
 
     def __post_init__(self) -> None:
         _check_shm_service(self.shm_service)
@@ -334,6 +336,11 @@ class Config(_Section):
     security: SecurityConfig = SecurityConfig()
 
     def __post_init__(self) -> None:
+        if self.ingest.coalesce_us and self.ingest.coalesce_us >= self.scheduler.max_age_us:
+            raise ValueError(
+                f"ingest.coalesce_us {self.ingest.coalesce_us} must be below scheduler.max_age_us "
+                f"{self.scheduler.max_age_us} (a held event would be stale when read)"
+            )
         if self.runner.max_bucket < self.scheduler.max_batch:
             raise ValueError(
                 f"runner.buckets top out at {self.runner.max_bucket} < scheduler.max_batch "

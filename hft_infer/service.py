@@ -1,7 +1,9 @@
 """The hot loop: one thread, run to completion, on uvloop; the device never blocks it.
 
     while running:
-        step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py)
+        step.ingest()    drain a burst: recv -> decode -> validate -> row -> queue (ingest.py);
+                         with ingest.coalesce_us, at most once per that while a full batch is
+                         queued (stepper.py: a burst's cost is mostly fixed)
         step.complete()  the oldest in-flight step is done? collect it, answer its events,
         step.flush()       and send them at once, in one frame (egress.py)
         step.submit()    the device can take a step and a batch is due? form, stage, submit
@@ -173,7 +175,9 @@ class Service:
         self.step = Stepper(engine=self.engine, sched=self.sched, store=self.store, ingester=self.ingest,
                             egress=self.egress, acct=self.acct, clock=self.clock, stages=self.stages,
                             instrument_ids=self.instrument_ids, inflight_rows=self._inflight_rows,
-                            max_drain=cfg.ingest.max_drain, publish_shed=cfg.egress.publish_shed)
+                            max_drain=cfg.ingest.max_drain, publish_shed=cfg.egress.publish_shed,
+                            # a worker's loop sleeps while a step is in flight: nothing to coalesce
+                            coalesce_ns=0 if self.engine.done_fd is not None else cfg.ingest.coalesce_us * 1000)
 
     def _reset_slots(self, slots: list[int]) -> None:
         self.step.reset_slots(slots)
@@ -312,7 +316,7 @@ class Service:
                 gap_buf.add(gap_max)
                 gap_max = 0
                 gap_window_end = now + GAP_WINDOW_NS
-            worked = step.ingest()
+            worked = step.ingest(now) if step.feed_due(now) else 0
             if step.inflight and engine.poll():
                 step.complete()
                 # decisions out before the next submit, which gathers, stages and replays a graph

@@ -27,6 +27,13 @@ followed by the next within ~100 µs of ingest rather than a whole burst's
 step, and the sequential model, one event per instrument per step, stepped
 only ~25k rows/s). Stage samples are recorded per step or per burst, as
 Python list extends (metrics.SampleBuffer): no numpy call per step.
+
+Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued, reading
+more of the feed cannot change what the next step takes, so the loop reads it at most once per
+`coalesce_ns`, in one burst of what arrived. A burst's cost is mostly fixed (an EventBatch column
+run: ~170-210 µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes),
+and a loop past capacity otherwise reads each frame as it comes. A burst that stopped at its
+frame budget leaves the feed due at once (the socket may hold more).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ class _Batch:
 
 class Stepper:
     def __init__(self, *, engine, sched, store, ingester, egress, acct, clock, stages, instrument_ids: list[int],
-                 inflight_rows: int, max_drain: int, publish_shed: bool) -> None:
+                 inflight_rows: int, max_drain: int, publish_shed: bool, coalesce_ns: int = 0) -> None:
         self.engine, self.sched, self.store = engine, sched, store
         self.ingester, self.egress, self.acct, self.clock = ingester, egress, acct, clock
         self.bufs = stages.buffers
@@ -59,6 +66,10 @@ class Stepper:
         self.max_drain = max_drain
         self.inflight_drain = max(16, max_drain // 8)  # burst cap while a step is in flight (docstring)
         self.publish_shed = publish_shed
+        self.coalesce_ns = coalesce_ns
+        self.full_batch = min(sched.max_batch, len(instrument_ids))
+        self._last_read = 0  # when a burst last emptied the socket (coalescing)
+        self._holding = False  # the feed is being left in the socket (coalescing)
         self.inflight: collections.deque[_Batch] = collections.deque()
         self.frames = 0  # frames ingested since start
         self.last_batch = 0
@@ -75,8 +86,20 @@ class Stepper:
         if self.inflight and events > self.inflight_rows - (self.acct.received - self.inflight[0].events_mark):
             self.drain_inflight()
 
-    def ingest(self) -> int:
-        """One burst, within what in-flight steps allow the feature ring to take."""
+    def feed_due(self, now: int) -> bool:
+        """Coalescing (module docstring): False while a full batch is queued and the socket was
+        emptied less than coalesce_ns ago."""
+        if self.coalesce_ns and now - self._last_read < self.coalesce_ns and self.sched.queued_slots >= self.full_batch:
+            if not self._holding:  # one read put off (counted once, however many iterations it waits)
+                self._holding = True
+                self.acct.coalesced_reads += 1
+            return False
+        self._holding = False
+        return True
+
+    def ingest(self, now: int = 0) -> int:
+        """One burst, within what in-flight steps allow the feature ring to take. `now`: the
+        loop's clock, recorded as the last read when the burst emptied the socket (coalescing)."""
         budget = self.max_drain
         if self.inflight:
             budget = min(budget, self.inflight_drain)
@@ -89,6 +112,8 @@ class Stepper:
                     return 0
                 budget = room
         n = self.ingester.drain(budget)
+        if n < budget:
+            self._last_read = now
         if n:
             self.frames += n
             self.bufs["ingest"].add(self.ingester.burst_ns)

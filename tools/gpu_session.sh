@@ -48,6 +48,8 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave16c # landing: GPU tests; lstm_a overload over 1,024 instruments beside the
 #                                          # baseline; lstm_a shards 1/4/8 at 100k/s each and 8 at 125k/s
 #   tools/gpu_session.sh wave16d           # landing: GPU tests; py-spy of one saturated lstm_a shard; shards 1/8
+#   tools/gpu_session.sh wave18            # GPU tests; lstm_a shards 1/8 over 1,024 instruments with ingest.coalesce_us
+#                                          # 0 / 250 / 1000; py-spy of one coalescing shard at 100k/s
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -935,6 +937,22 @@ elif [ "$phase" = wave16d ]; then
   summarize
   verbatim gpu_tests shards_i1024_r100000 shards_i1024_r125000 shards_b256_i1024_r100000 shards_b256_i1024_r125000
   cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
+elif [ "$phase" = wave18 ]; then
+  # ingest.coalesce_us (stepper.py): while a full batch is queued, read the feed at most once per that long, so
+  # that a saturated shard pays a burst's fixed cost once per many frames. GPU tests; lstm_a shards over 1,024
+  # instruments N = 1 and 8 at 100k/s each, coalesce_us 250, 0 and 1000 (one call: contention varies call to call);
+  # py-spy (non-blocking) of one shard at 100k/s with coalesce_us = 1000
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
+       tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py tests/unit/test_feed_coalescing.py
+  for c in 250 0 1000; do
+    shards_inst "shards_c${c}_i1024_r100000" 75 1024 100000 "1 8" "lstm_a:1 lstm_a:8" "ingest.coalesce_us=$c"
+  done
+  step prof_c1000_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
+       "$WORK/prof_c1000_i1024_100k" 100000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024 \
+       --set ingest.coalesce_us=1000
+  summarize
+  verbatim gpu_tests shards_c250_i1024_r100000 shards_c0_i1024_r100000 shards_c1000_i1024_r100000
+  cp -f "$WORK/prof_c1000_i1024_100k/spy_top.txt" "$OUT/prof_c1000_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -35,6 +35,7 @@ COUNTERS = (
     "batches",
     "ingest_disconnects",  # feed connections lost by the ingest socket (then re-established)
     "overlapped",  # frames ingested while a model step was in flight
+    "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us) to read in one go
 )
 
 # Point-in-time gauges.

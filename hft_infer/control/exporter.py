@@ -64,6 +64,8 @@ COUNTER_HELP = {
     "batches": "Model steps",
     "ingest_disconnects": "Feed connections lost (and re-established) by the ingest socket",
     "overlapped": "Frames ingested while a model step was in flight",
+    "coalesced_reads": "Ingest bursts put off while a full batch was queued, to read the feed in one go "
+                       "(ingest.coalesce_us)",
 }
 GAUGE_HELP = {
     "queue_depth": "Requests waiting in the scheduler",

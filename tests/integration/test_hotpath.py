@@ -37,6 +37,25 @@ def test_the_loop_keeps_ingesting_while_a_step_is_in_flight():
     assert counters["overlapped"] > 0 and counters["batches"] >= 1 and final.decided > 0
 
 
+def test_a_coalescing_loop_past_capacity_reads_in_put_off_bursts_and_accounts_every_event():
+    """ingest.coalesce_us on the service the CLI runs: a sequential model past capacity (a slow
+    CPU step of milliseconds, batches of 4 over 16 instruments, a feed paced over ~0.3 s) keeps a
+    full batch queued, so after a burst that empties the socket the next is put off (a hold longer
+    than a step: the loop steps queued batches meanwhile) -- and every event still ends decided or
+    shed, none pending. (A feed sent all at once would be read in bursts that each stop at their
+    frame budget, which leave the feed due: nothing to put off.)"""
+    n = 1500
+    overrides = SLOW_MODEL + ['scheduler.conflate="off"', "scheduler.max_batch=4", "universe.instruments=16",
+                              "scheduler.max_age_us=2000000", "ingest.coalesce_us=50000"]
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(n_topics=17)
+        svc.send_quotes([(i % 16, i // 16) for i in range(n)], gap_s=0.0002)
+        final = svc.stop()
+        counters = svc.summary()["counters"]
+    assert final.received == n and final.pending == 0 and final.rejected == 0 and _identity(final)
+    assert final.decided > 0 and counters["coalesced_reads"] > 0, counters
+
+
 def _thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of each thread of process `pid` by thread name ("main": the
     thread the process started with, which runs the loop)."""

@@ -1,0 +1,108 @@
+"""ingest.coalesce_us: while a full batch is queued, the loop reads the feed at most once per
+that long (Stepper.feed_due); never while less than a batch waits, never after a burst that
+stopped at its frame budget, never with runner.cpu_worker; and a value a held event could not
+survive (>= scheduler.max_age_us) is refused at load. The service's own Stepper, on real sockets;
+time is passed in, as the loop passes its clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from service_harness import quote
+
+from hft_infer.config import ConfigError, load_config
+from hft_infer.service import Service
+from hft_infer.transport.codec import topic_for
+
+N_SLOTS = 16
+BATCH = 4
+T0 = 10_000_000_000  # the loop's clock (perf_ns) at the first read
+HOLD_NS = 500_000
+
+
+@pytest.fixture
+def make_service(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
+    made = []
+
+    def make(*overrides: str) -> Service:
+        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
+                                 f"universe.instruments={N_SLOTS}", 'runner.engine="eager"',
+                                 'scheduler.conflate="off"', f"scheduler.max_batch={BATCH}",
+                                 f"ingest.coalesce_us={HOLD_NS // 1000}", f'service.name="coalesce{len(made)}"',
+                                 *overrides])
+        svc = Service(cfg)
+        svc.open_sockets(zmq.Context.instance())
+        svc.warm_up()
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()
+
+
+def _queue(svc: Service, slots) -> None:
+    for slot in slots:
+        svc.sched.push(slot, 0, 0, 0, T0, T0, 0)
+
+
+def test_the_feed_is_held_only_while_a_full_batch_is_queued_and_only_for_coalesce_us(make_service):
+    svc = make_service()
+    step = svc.step
+    assert step.ingest(T0) == 0  # an empty socket: the read emptied it at T0
+    _queue(svc, range(BATCH - 1))
+    assert step.feed_due(T0 + 1)  # less than a batch waits: read whatever comes
+    _queue(svc, [BATCH - 1])
+    assert not step.feed_due(T0 + 1) and not step.feed_due(T0 + HOLD_NS - 1)
+    assert svc.acct.coalesced_reads == 1  # one read put off, however many iterations it waited
+    assert step.feed_due(T0 + HOLD_NS)
+    assert step.ingest(T0 + HOLD_NS) == 0
+    assert not step.feed_due(T0 + HOLD_NS + 1) and svc.acct.coalesced_reads == 2
+    assert svc.counters()["coalesced_reads"] == 2
+
+
+def test_without_coalesce_us_or_with_a_worker_the_feed_is_always_due(make_service):
+    for overrides in (["ingest.coalesce_us=0"], ["runner.cpu_worker=true"]):
+        svc = make_service(*overrides)
+        assert svc.step.coalesce_ns == 0, overrides
+        assert svc.step.ingest(T0) == 0
+        _queue(svc, range(N_SLOTS))
+        assert svc.step.feed_due(T0 + 1) and svc.acct.coalesced_reads == 0, overrides
+
+
+def test_a_burst_that_stopped_at_its_budget_leaves_the_feed_due(make_service):
+    svc = make_service("ingest.max_drain=2")
+    pub = zmq.Context.instance().socket(zmq.XPUB)  # the feed: the service connects to it
+    pub.bind(svc.endpoints["ingest"])
+    try:
+        subs = 0
+        while subs < N_SLOTS and pub.poll(5000):
+            subs += pub.recv()[:1] == b"\x01"
+        assert subs >= N_SLOTS, "the service never subscribed"
+        _queue(svc, range(N_SLOTS - BATCH, N_SLOTS))  # a full batch waits already
+        for i in range(5):  # five frames, two read a burst
+            pub.send_multipart([topic_for(i), quote(i, 0)])
+        sock = svc.ingest_sock
+        deadline = time.monotonic() + 5
+        while not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.1)  # let libzmq's I/O thread move all five into the socket's queue
+        step = svc.step
+        read = [step.ingest(T0)]
+        assert read == [2] and step.feed_due(T0 + 1)  # stopped at the budget: the socket may hold more
+        read.append(step.ingest(T0 + 1))
+        read.append(step.ingest(T0 + 2))
+        assert read == [2, 2, 1]  # the third emptied the socket: now the feed is held
+        assert not step.feed_due(T0 + 3) and step.feed_due(T0 + 2 + HOLD_NS)
+        assert svc.acct.received == 5
+    finally:
+        pub.close(0)
+
+
+def test_a_coalesce_us_an_event_could_not_survive_is_refused():
+    with pytest.raises(ConfigError, match="coalesce_us 5000 must be below scheduler.max_age_us 5000"):
+        load_config(None, ["ingest.coalesce_us=5000"])
+    assert load_config(None, ["ingest.coalesce_us=4999"]).ingest.coalesce_us == 4999
