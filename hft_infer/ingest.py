@@ -359,7 +359,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             elif msg is None:  # failed to decode: rejected with its reason already (an event)
                 continue
             else:
-                events -= self._not_an_event(msg, typ, recvs[i], offset)
+                events -= self._not_an_event(msg, typ, recvs[i], offset, tops[i])
                 continue
             last = last_seq[slot]
             if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, recvs[i], offset, ts_send):
@@ -448,7 +448,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
             return 1
         else:
             self._msgs, self._recvs, self._offset = [msg], [t_recv], offset  # a Reset flushes "the chunk"
-            return 1 - self._not_an_event(msg, typ, t_recv, offset)
+            return 1 - self._not_an_event(msg, typ, t_recv, offset, top)
         last_seq = self.last_seq
         last = last_seq[slot]
         if seq != last + 1 and last >= 0 and not self._sequence(slot, seq, last, t_recv, offset, ts_send):

@@ -16,7 +16,7 @@ import msgspec
 import zmq
 
 from hft_infer.scheduler import NO_REQUEST
-from hft_infer.transport.codec import BATCH_TOPIC, TS_LIMIT, validate_quote, validate_trade
+from hft_infer.transport.codec import BATCH_TOPIC, TS_LIMIT, reset_topic_ok, validate_quote, validate_trade
 from hft_infer.transport.schema import (
     ALL_INSTRUMENTS,
     MAX_INSTRUMENT_ID,
@@ -221,12 +221,17 @@ class IngestColdPaths:
         self._reject(reason, instrument, seq, t_recv, offset)
         return 0
 
-    def _not_an_event(self, msg, typ, t_recv: int, offset: int) -> int:
-        """Heartbeat or Reset: not events (returns 1: uncount it)."""
+    def _not_an_event(self, msg, typ, t_recv: int, offset: int, top=None) -> int:
+        """Heartbeat or Reset: not events (returns 1: uncount it). A Reset on a topic where it does
+        not belong (codec.reset_topic_ok) is TOPIC_MISMATCH, counted as a rejected message (returns
+        0) and not applied: a publisher's mistake shows instead of half-resetting a universe."""
         if typ is Heartbeat:
             self.acct.heartbeats += 1
             return 1
         if typ is Reset:
+            if top is not None and not reset_topic_ok(top, msg.instrument):
+                self._reject(Reason.TOPIC_MISMATCH, None, None, t_recv, offset)  # no seq: counted, not answered
+                return 0
             self._reset(msg)
             return 1
         raise AssertionError(f"decoder returned {typ.__name__}")  # IngressDecoder's union is closed

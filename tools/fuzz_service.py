@@ -61,6 +61,7 @@ from hft_infer.transport.codec import (
     event_batch,
     events_of_batch,
     pack_book,
+    reset_topic_ok,
     topic_for,
     validate_quote,
     validate_trade,
@@ -233,7 +234,8 @@ def expectations(frames: list[list[bytes]]) -> dict:
                 m = dec(f[1])
             except Exception:  # noqa: BLE001
                 continue
-            not_events += isinstance(m, (Heartbeat, Reset))
+            # a Reset where it does not belong is a rejected message (TOPIC_MISMATCH): an event
+            not_events += isinstance(m, Heartbeat) or (isinstance(m, Reset) and reset_topic_ok(f[0], m.instrument))
             continue
         if not (isinstance(peek, list) and len(peek) >= 3 and peek[0] in (1, 2)):
             continue

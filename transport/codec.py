@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from .schema import (
+    ALL_INSTRUMENTS,
     BATCH_TOPIC_ID,
     BYTES_PER_LEVEL,
     DECISION_BATCH_COLUMNS,
@@ -84,6 +85,14 @@ def shard_batch_topic(index: int, count: int) -> bytes:
     if count < 1 or not 0 <= index < count or count > 0xFFFF:
         raise ValueError(f"shard {index}/{count}: need 0 <= index < count <= 65535")
     return BATCH_TOPIC if count == 1 else BATCH_TOPIC + _SHARD.pack(index, count)
+
+
+def reset_topic_ok(topic: bytes, instrument: int) -> bool:
+    """Where a Reset of `instrument` (ALL_INSTRUMENTS: all) may come (README, Reset): on the service
+    topic, which every shard receives (each applies what it serves), or on the topic of the one
+    instrument it names. Elsewhere only the shard serving that topic would see it, so the ingest
+    rejects it (TOPIC_MISMATCH) rather than apply it on part of a universe."""
+    return topic == SERVICE_TOPIC or (instrument != ALL_INSTRUMENTS and int.from_bytes(topic, "big") == instrument)
 
 
 def feed_topics(instrument_ids, batch_topic: bytes = BATCH_TOPIC) -> list[bytes]:

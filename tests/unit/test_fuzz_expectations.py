@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fuzz_service import expectations
 
-from hft_infer.transport.codec import IngressDecoder, topic_for
+from hft_infer.transport.codec import SERVICE_TOPIC, IngressDecoder, topic_for
 from hft_infer.transport.schema import Reset
 
 
@@ -12,8 +12,10 @@ def test_a_reset_with_an_undecodable_string_in_a_trailing_field_is_not_an_event(
     """Seed 2 of the fuzzer mutated a Quote into a Reset with extra trailing fields, one a string of
     invalid UTF-8: msgspec skips fields past a struct's own without reading them, so the service
     applied a Reset (not an event); the fuzzer's msgpack peek decoded strings as UTF-8, failed, and
-    expected one event more than the service counted."""
+    expected one event more than the service counted. (Seed 2 sent it on instrument 34's topic,
+    where a Reset of instrument 4 is now rejected as TOPIC_MISMATCH, an event: codec.reset_topic_ok.)"""
     payload = b"\x95\x04\x04\x04\x00\xa2\xff\xfe"  # [4, 4, 4, 0, <2 bytes of invalid UTF-8 as a str>]
     assert IngressDecoder().decode(payload) == Reset(4, 4)
-    exp = expectations([[topic_for(34), payload]])
-    assert exp["not_events"] == 1 and exp["batch_extra"] == 0 and exp["mergeable"] == 0
+    for topic, not_events in ((topic_for(4), 1), (SERVICE_TOPIC, 1), (topic_for(34), 0)):
+        exp = expectations([[topic, payload]])
+        assert (exp["not_events"], exp["batch_extra"], exp["mergeable"]) == (not_events, 0, 0), topic

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ingest_rig import IngestRig
 
-from hft_infer.transport.codec import encode, pack_book, topic_for
+from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Heartbeat, Outcome, Quote, Reason, Reset, Trade
 
 LEVELS = 10
@@ -309,5 +309,30 @@ def test_deadline_admission_counts_the_slots_queued_ahead_of_a_new_one(how):
         late = sorted(a[0] for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE)
         assert late == new[4:]  # 20..23 admitted (5.5 periods), 24.. behind a sixth batch (6.5): LATE
         assert sched.queued_slots == 24 and rig.identity_holds()
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("read", [burst, one_by_one])
+def test_a_reset_is_applied_only_on_the_service_topic_or_its_own_instruments(read):
+    """README, Reset: on `ff ff ff ff` (one instrument or all: every shard sees it and applies what
+    it serves) or on the topic of the one instrument it names. On another instrument's topic (only
+    the shard serving that topic would see it), a Reset of all on an instrument's topic, or on the
+    batch topic, it is TOPIC_MISMATCH: counted as a received and rejected message, not applied."""
+    rig = IngestRig(instruments=8, topic_frame=True)
+    try:
+        read(rig, [
+            [SERVICE_TOPIC, encode(Reset(0, 2))],  # applied: slot 2
+            [topic_for(5), encode(Reset(0, 5))],  # applied: slot 5
+            [SERVICE_TOPIC, encode(Reset(0))],  # applied: all
+            [topic_for(3), encode(Reset(0, 4))],  # another instrument's topic
+            [topic_for(3), encode(Reset(0))],  # a Reset of all on an instrument's topic
+            [BATCH_TOPIC, encode(Reset(0, 3))],  # the batch topic
+            quote(1, 0),
+        ])
+        st = _state(rig)
+        assert rig.resets == [[2], [5], list(range(8))] and st["resets"] == 3
+        assert st["rejected"] == {"TOPIC_MISMATCH": 3} and st["rejected_answers"] == []  # no seq to name
+        assert st["received"] == 4 and rig.identity_holds()  # the three rejected Resets and the quote
     finally:
         rig.close()
