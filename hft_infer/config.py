@@ -256,7 +256,7 @@ class RunnerConfig(_Section):
     max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2
     """GPU engines: steps in flight at once (staging buffers: the loop writes step k+1 while step k runs; the persistent engine's request ring holds at least 2)."""
     cpu_worker: bool = False
-    """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile; while a step runs the loop sleeps on the socket and the step's end rather than spin (a spinning loop holds the GIL the step needs). Pays when a step is long against the per-event work and a core is free for it."""
+    """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile; while a step runs the loop sleeps on the socket and the step's end rather than spin (a spinning loop holds the GIL the step needs). Pays when a step is long against the per-event work and a core is free for it (`serve` warns when the placement leaves it none)."""
 
     @property
     def max_bucket(self) -> int:

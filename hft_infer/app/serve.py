@@ -199,6 +199,8 @@ def _open_sockets(service, cfg: Config, ctx) -> None:
 
 def _prepare(service, cfg: Config, report, notifier, log) -> None:
     """Warm-up, post-warm-up placement, systemd hooks."""
+    from hft_infer.runner.worker import WorkerEngine, shared_core_warning
+
     # A cold Triton compile and graph capture can take minutes: from here systemd allows
     # start_timeout_s more before it gives up on READY=1 (TimeoutStartSec of the unit).
     notifier.extend_timeout(cfg.service.start_timeout_s)
@@ -207,6 +209,9 @@ def _prepare(service, cfg: Config, report, notifier, log) -> None:
     service.placement = report.as_labels()
     for line in report.log_block().splitlines():
         log(line)
+    if isinstance(service.engine, WorkerEngine) and (why := shared_core_warning(report)):
+        log(f"warning: runner.cpu_worker: {why}: the worker then only adds a hand-off per step; give the "
+            f"service a second core (cpu.cores) or set runner.cpu_worker = false")
     watchdog_s = watchdog_interval_s()
     if watchdog_s is not None:
         last = [0.0]

@@ -45,6 +45,23 @@ def name_os_thread(name: str) -> None:
         pass
 
 
+def shared_core_warning(report, allowed: set[int] | None = None) -> str | None:
+    """Why the step thread would share the loop's core, or None. The worker pays only with a core
+    of its own (module docstring; BENCHMARKS.md, wave 17): on a shared one it adds a hand-off per
+    step and competes with the loop. `report`: the placement (pinning.py) after warm-up, which
+    moved the threads born meanwhile, this one too, onto the helper cores; `allowed`: this
+    process's cores (os.sched_getaffinity), for an unpinned loop."""
+    if report.outcome("pin") == "applied":
+        if report.plan.helper_cores:
+            return None
+        return (f"the placement plans no helper core, so the step thread stays on the hot core "
+                f"{','.join(map(str, report.plan.hot_cores))} beside the loop")
+    allowed = os.sched_getaffinity(0) if allowed is None else allowed
+    if len(allowed) < 2:
+        return f"this process may run on core {','.join(map(str, sorted(allowed)))} only, so the step thread shares it"
+    return None
+
+
 class WorkerEngine(Engine):
     JOIN_TIMEOUT_S = 5.0  # close(): how long a step still running may take to end
     max_inflight = 1

@@ -17,9 +17,11 @@ import pytest
 from service_harness import SLOW_MODEL
 
 from hft_infer.config import load_config
+from hft_infer.placement import PlacementPlan, Step
+from hft_infer.placement_report import PlacementReport
 from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
-from hft_infer.runner.worker import WorkerEngine
+from hft_infer.runner.worker import WorkerEngine, shared_core_warning
 
 # at batch 64: a CPU step of several milliseconds
 WORKER_MODEL = SLOW_MODEL + ['runner.engine="eager"', "universe.instruments=64"]
@@ -115,3 +117,22 @@ def test_close_leaves_the_fd_open_while_a_step_outlasts_the_join(worker):
     assert _readable(fd, 5.0)  # the step's end was written to the eventfd, not to another file
     os.close(fd)
     worker.done_fd = None
+
+
+def _report(pinned: bool, hot=(1,), helpers=(0,)) -> PlacementReport:
+    plan = PlacementPlan(mode="explicit", hot_cores=hot, helper_cores=helpers, device="cpu", gpu_pci=None,
+                         numa_node=None, isolated=(), rt_priority=0, mlockall=False, gc_freeze=False)
+    report = PlacementReport(plan)
+    report.add(Step("pin", "applied" if pinned else "refused", "test"))
+    return report
+
+
+def test_serve_warns_when_the_step_thread_would_share_the_loops_core():
+    """The worker pays only with a core of its own: `serve` warns (shared_core_warning) when the
+    placement leaves the step thread on the hot core, or an unpinned process has one core."""
+    assert shared_core_warning(_report(True)) is None  # the step thread goes to the helper core
+    why = shared_core_warning(_report(True, hot=(3,), helpers=()))
+    assert why is not None and "hot core 3" in why
+    assert shared_core_warning(_report(False), allowed={0, 1}) is None
+    why = shared_core_warning(_report(False), allowed={5})
+    assert why is not None and "core 5 only" in why
