@@ -315,35 +315,44 @@ class EventBatchPaths:
             skipped = (upto - applied)[starts]  # applied events of the run before each slot's first
             rank = upto - 1 - skipped[group]  # place among its slot's applied events
             n_applied = upto[ends - 1] - skipped
-        room = np.fromiter(map(sched.room, uniq), dtype=np.int64, count=len(uniq))
-        accepted = np.minimum(n_applied, room)
-        if int(accepted.sum()) > sched.free_requests():
+        accepted = np.minimum(n_applied, sched.rooms(uniq))
+        total = int(accepted.sum())
+        if total > sched.free_requests():
             return False
-        keep = rank < accepted[group]
+        # every event kept (the usual case below capacity: then no mask and no picks below): none
+        # shed LATE, and each slot's accepted count its whole count, as the sums say
+        every = applied is None and total == n
+        keep = None if every else rank < accepted[group]
         if applied is not None:
             keep &= applied
         self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before, applied)
-        # per event, in feed order: accepted, and push's arguments
-        in_feed = np.empty(n, dtype=bool)
-        in_feed[order] = keep
+        # per event, in feed order: push's arguments (of the accepted ones)
         positions = np.empty(n, dtype=np.int64)
         positions[order] = before[group] + rank
-        is_trade = trades if trades is not None else np.zeros(n, dtype=bool)
-        cls = np.where(is_trade, self._class_t_np.take(slots), self._class_q_np.take(slots))
+        cls = self._class_q_np.take(slots)
+        if trades is not None:
+            cls = np.where(trades, self._class_t_np.take(slots), cls)
         if self.honour_priority:
             p = prio.astype(np.int64)
             cls = np.where(p < 0, cls, np.minimum(p, self.max_class))
-        ok = np.flatnonzero(in_feed)
-        done = sched.push_in_order(slots.take(ok).tolist(), positions.take(ok).tolist(), seq.take(ok).tolist(),
-                                   cls.take(ok).tolist(), t_recv.take(ok).tolist(), origin.take(ok).tolist(),
-                                   send.take(ok).tolist(), stale.take(ok).tolist())
-        if done != len(ok):
+        args = (slots, positions, seq, cls, t_recv, origin, send, stale)
+        if every:
+            in_feed = None
+            k = n
+            done = sched.push_in_order(*[a.tolist() for a in args])
+        else:
+            in_feed = np.empty(n, dtype=bool)
+            in_feed[order] = keep
+            ok = np.flatnonzero(in_feed)
+            k = len(ok)
+            done = sched.push_in_order(*[a.take(ok).tolist() for a in args])
+        if done != k:
             raise AssertionError("push_in_order refused an event the room check accepted")
         count, last_seq = self.store.count, self.last_seq
         for slot, b, a, q in zip(uniq, before.tolist(), accepted.tolist(), q_sorted[ends - 1].tolist()):
             count[slot] = b + a
             last_seq[slot] = q
-        if len(ok) < n:  # received, not applied; answered as the per-frame path does (past capacity: many):
+        if k < n:  # received, not applied; answered as the per-frame path does (past capacity: many):
             # the LATE ones in feed order as it reads them, then the QUEUE_FULL ones push_many refused
             refused = ~in_feed  # a LATE event is never kept
             sheds = ((QUEUE_FULL, refused),) if applied is None else ((LATE, late), (QUEUE_FULL, refused & ~late))
@@ -359,7 +368,7 @@ class EventBatchPaths:
 
     def _write_rows(self, cols: tuple, order, s_sorted, starts, group, rank, keep, before, applied=None) -> None:
         """The rows of the run's events marked in `keep` (in slot-sorted order: a conflating
-        model's last `depth` of each slot, a sequential one's accepted events) into the ring at
+        model's last `depth` of each slot, a sequential one's accepted events; None: all) into the ring at
         `before[group] + rank` (`before`: each slot's count before the run), as the per-frame path
         writes them: a quote's row is its book with zero trade fields; a trade's repeats the book
         of the slot's row before it (a quote of the run, or the ring's newest row before the run)
@@ -374,7 +383,7 @@ class EventBatchPaths:
         width_book = books.shape[1]
         if trades is None:  # quotes only: their books, and zero trade fields, straight into the ring
             src = order
-            if not keep.all():
+            if keep is not None and not keep.all():
                 src, s_sorted, positions = src[keep], s_sorted[keep], positions[keep]
             rows = np.zeros((len(src), store.width), np.float32)
             rows[:, :width_book] = books.take(src, axis=0)
@@ -387,7 +396,7 @@ class EventBatchPaths:
             last_quote = np.where(t_sorted if applied is None else t_sorted | ~applied, -1, np.arange(n))
             np.maximum.accumulate(last_quote, out=last_quote)
             from_run = last_quote >= start_of  # -1, or another slot's: no quote of this slot before it
-            sel = np.flatnonzero(keep)
+            sel = np.arange(n) if keep is None else np.flatnonzero(keep)
             fr = from_run[sel]
             ring = ~fr
             rows = np.zeros((len(sel), store.width), np.float32)

@@ -352,6 +352,12 @@ class Scheduler:
         room = self.admit_depth - self.s_len[slot]
         return room if room > 0 else 0  # the depth may have shrunk below what is queued
 
+    def rooms(self, slots: list[int]) -> np.ndarray:
+        """`room` of each of `slots`, as one int64 array (the EventBatch column path: a method
+        call per slot cost more than the rest of a short run's per-slot work)."""
+        room = self.admit_depth - np.fromiter(map(self.s_len.__getitem__, slots), dtype=np.int64, count=len(slots))
+        return np.maximum(room, 0, out=room)  # the depth may have shrunk below what is queued
+
     def free_requests(self) -> int:
         """Request ids not handed out: events that can be queued before push refuses for want of one."""
         return len(self._free)
