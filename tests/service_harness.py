@@ -141,3 +141,28 @@ class ServiceUnderTest:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def in_process_services(tmp_path, monkeypatch, *base: str):
+    """A factory of `Service` objects built in the test's own process on real sockets in a
+    private runtime dir (`base` overrides, then each call's), warmed up; yields the factory and
+    closes every service made. For tests of the loop's parts driven by hand (a fixture:
+    `yield from in_process_services(tmp_path, monkeypatch, ...)`)."""
+    from hft_infer.config import load_config
+    from hft_infer.service import Service
+
+    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
+    made = []
+
+    def make(*overrides: str) -> Service:
+        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
+                                 'runner.engine="eager"', f'service.name="inproc{len(made)}"', *base, *overrides])
+        svc = Service(cfg)
+        svc.open_sockets(zmq.Context.instance())
+        svc.warm_up()
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        svc.close()

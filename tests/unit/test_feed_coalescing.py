@@ -10,7 +10,7 @@ import time
 
 import pytest
 import zmq
-from service_harness import quote
+from service_harness import in_process_services, quote
 
 from hft_infer.config import ConfigError, load_config
 from hft_infer.service import Service
@@ -24,24 +24,9 @@ HOLD_NS = 500_000
 
 @pytest.fixture
 def make_service(tmp_path, monkeypatch):
-    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
-    made = []
-
-    def make(*overrides: str) -> Service:
-        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
-                                 f"universe.instruments={N_SLOTS}", 'runner.engine="eager"',
-                                 'scheduler.conflate="off"', f"scheduler.max_batch={BATCH}",
-                                 f"ingest.coalesce_us={HOLD_NS // 1000}", f'service.name="coalesce{len(made)}"',
-                                 *overrides])
-        svc = Service(cfg)
-        svc.open_sockets(zmq.Context.instance())
-        svc.warm_up()
-        made.append(svc)
-        return svc
-
-    yield make
-    for svc in made:
-        svc.close()
+    yield from in_process_services(tmp_path, monkeypatch, f"universe.instruments={N_SLOTS}",
+                                   'scheduler.conflate="off"', f"scheduler.max_batch={BATCH}",
+                                   f"ingest.coalesce_us={HOLD_NS // 1000}")
 
 
 def _queue(svc: Service, slots) -> None:

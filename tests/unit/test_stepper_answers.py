@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import zmq
+from service_harness import in_process_services
 
-from hft_infer.config import load_config
 from hft_infer.egress import Answers
 from hft_infer.service import Service
 from hft_infer.stepper import _Batch
@@ -19,22 +18,7 @@ N_SLOTS = 6
 
 @pytest.fixture
 def make_service(tmp_path, monkeypatch):
-    monkeypatch.setenv("HFT_INFER_RUNTIME_DIR", str(tmp_path))
-    made = []
-
-    def make(*overrides: str) -> Service:
-        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', "control.enabled=false",
-                                 f"universe.instruments={N_SLOTS}", 'runner.engine="eager"',
-                                 f'service.name="stepper{len(made)}"', *overrides])
-        svc = Service(cfg)
-        svc.open_sockets(zmq.Context.instance())
-        svc.warm_up()
-        made.append(svc)
-        return svc
-
-    yield make
-    for svc in made:
-        svc.close()
+    yield from in_process_services(tmp_path, monkeypatch, f"universe.instruments={N_SLOTS}")
 
 
 def _feed(svc: Service, slots: list[int]) -> None:
