@@ -5,6 +5,7 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
     python tools/bench_hotpath.py [--n 50000] [--baseline REF] [--json out.json]
 
     python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
+    python tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,64,96 --frame-sizes 32,48,64,96,128
 
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
 and scheduler.py (for a machine without the repository's .git).
@@ -57,6 +58,7 @@ import zmq
 from benchlib import table, write_json
 
 import hft_infer.channels as channels_module
+import hft_infer.ingest_batch as ingest_batch
 import hft_infer.service as service_module
 from hft_infer.config import load_config
 from hft_infer.metrics import StageHistograms
@@ -502,6 +504,13 @@ def main() -> None:
     ap.add_argument("--run-sizes", type=int, default=0, metavar="INSTRUMENTS",
                     help="only the EventBatch rows of a sequential model over INSTRUMENTS instruments by frame "
                          "size, one frame per burst against 64 (a burst's fixed cost against its per-event cost)")
+    ap.add_argument("--frame-sizes", default="10,32,64,256", metavar="N,N,...",
+                    help="--run-sizes: EventBatch frame sizes (events)")
+    ap.add_argument("--columns-min", default="", metavar="N,N,...",
+                    help="--run-sizes: each of these as ingest_batch.COLUMNS_MIN (the run size from which the "
+                         "column path is taken), interleaved; default: the code's own")
+    ap.add_argument("--conflating", action="store_true",
+                    help="--run-sizes: the default (conflating) model instead of a sequential one")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
@@ -575,21 +584,35 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
 
 
 def run_size_rows(a) -> list[tuple[str, float, str]]:
-    """--run-sizes N: ingest of a sequential model (conflation off) over N instruments, EventBatch
-    frames of 10 / 32 / 64 / 256 events, read one frame per burst (a loop at saturation reads each
-    frame as it arrives) and 64 frames per burst (ingest.max_drain). A run's fixed cost shows as
-    the gap between the two (runs under ingest_batch.COLUMNS_MIN events take the per-event path)."""
+    """--run-sizes N: ingest of a sequential model (conflation off; --conflating: the default
+    model's conflation) over N instruments, EventBatch frames of --frame-sizes events, read one frame
+    per burst (a loop at saturation reads each frame as it arrives) and 64 frames per burst
+    (ingest.max_drain). A run's fixed cost shows as the gap between the two. Runs under
+    ingest_batch.COLUMNS_MIN events take the per-event path; --columns-min A,B,... measures each
+    threshold (set in this process, repetitions interleaved): where the column path starts to pay."""
     rows: list[tuple[str, float, str]] = []
-    for size in (10, 32, 64, 256):
+    model = [] if a.conflating else ['scheduler.conflate="off"', "scheduler.max_pending_per_instrument=4096"]
+    kind = "conflating" if a.conflating else "sequential"
+    thresholds = [int(x) for x in a.columns_min.split(",")] if a.columns_min else [ingest_batch.COLUMNS_MIN]
+    default = ingest_batch.COLUMNS_MIN
+    for size in (int(x) for x in a.frame_sizes.split(",")):
         for drain in (1, 64):
-            rig = Rig(['scheduler.conflate="off"', "scheduler.max_pending_per_instrument=4096",
-                       "scheduler.capacity=262144", f"ingest.max_drain={drain}"], n_inst=a.run_sizes)
+            rig = Rig([*model, "scheduler.capacity=262144", f"ingest.max_drain={drain}"], n_inst=a.run_sizes)
+            frames = event_batches(a.n, size, n_inst=a.run_sizes)
+            got: dict[int, list[float]] = {t: [] for t in thresholds}
             try:
-                got = ingest_ns_per_event([rig], event_batches(a.n, size, n_inst=a.run_sizes), a.reps, events=a.n)
+                for _ in range(a.reps):
+                    for t in thresholds:
+                        ingest_batch.COLUMNS_MIN = t
+                        got[t] += ingest_ns_per_event([rig], frames, 1, events=a.n)
             finally:
+                ingest_batch.COLUMNS_MIN = default
                 rig.close()
-            rows.append((f"ingest, {a.run_sizes} instruments, EventBatch frames of {size}, bursts of {drain} "
-                         f"frame{'s' if drain > 1 else ''}, sequential", got[0], "ns/event"))
+            for t in thresholds:
+                where = f", COLUMNS_MIN {t}" if a.columns_min else ""
+                rows.append((f"ingest, {a.run_sizes} instruments, EventBatch frames of {size}, bursts of {drain} "
+                             f"frame{'s' if drain > 1 else ''}, {kind}{where}", statistics.median(got[t]),
+                             "ns/event"))
     return rows
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from ingest_rig import IngestRig
 from test_ingest_burst import LEVELS, OLD_NS, _book, _state, burst, one_by_one, quote, trade
 
+from hft_infer.ingest_batch import COLUMNS_MIN
 from hft_infer.transport.codec import (
     BATCH_TOPIC,
     SERVICE_TOPIC,
@@ -88,7 +89,7 @@ def test_the_column_path_ends_as_the_quotes_sent_one_frame_each():
         for q in quotes[3:]:
             burst(a, [batch_frame(q)])
         one_by_one(b, [f for q in quotes for f in frames_of(q)])
-        assert writes == [306, 64, 129], "the runs of 32 or more events took the column path"
+        assert writes == [306, 64, 129], "the runs of COLUMNS_MIN (64) or more events took the column path"
         _compare(a, b)
         assert a.acct.received == sum(sizes) and a.sched.conflated == sum(sizes) - a.sched.live_requests()
     finally:
@@ -104,7 +105,7 @@ def test_with_the_models_window_given_a_conflating_run_writes_only_each_slots_wi
     window = 10
     rng = np.random.default_rng(RNG_SEED + 1)
     seqs = [0] * 8
-    sizes = [300, 40, 129, 33]  # ~50, ~7, ~21, ~5 events per instrument per run
+    sizes = [300, COLUMNS_MIN + 8, 129, COLUMNS_MIN + 1]  # ~50, ~12, ~21, ~11 events per instrument per run
     feeds = [_feed(rng, k, 6, seqs, trades=0.3) for k in sizes]
     a = IngestRig(instruments=8, topic_frame=True, rows_read=window)
     b = IngestRig(instruments=8, topic_frame=True)
@@ -133,7 +134,8 @@ def test_with_the_models_window_given_a_conflating_run_writes_only_each_slots_wi
 @pytest.mark.parametrize("case", ["clean", "nan", "unknown", "gap", "repeat", "restart", "ts_negative", "priority",
                                   "levels", "wrong_topic", "first_seq_after_history"])
 def test_a_batch_the_column_path_refuses_ends_as_its_quotes_in_one_burst(case):
-    good = [(i % 4, i // 4, float(i), 0) for i in range(48)]  # 12 each of instruments 0..3
+    n = 4 * -(-max(48, COLUMNS_MIN) // 4)  # a clean run long enough for the column path
+    good = [(i % 4, i // 4, float(i), 0) for i in range(n)]  # n / 4 each of instruments 0..3
     good[13] = good[13] + ((101.0, 2.0, -1),)  # a trade among them
     a, b = _rigs()
     columns = []
@@ -177,11 +179,11 @@ def test_a_batch_the_column_path_refuses_ends_as_its_quotes_in_one_burst(case):
         tops = [topic_for(q.instrument) if topic == BATCH_TOPIC else topic for q in expanded]
         burst(b, [[t, encode(q)] for t, q in zip(tops, expanded)])
         _compare(a, b)
-        assert columns == ([48] if case == "clean" else []), "only the clean batch took the column path"
+        assert columns == ([n] if case == "clean" else []), "only the clean batch took the column path"
         if case in ("nan", "unknown", "repeat", "ts_negative", "priority", "wrong_topic"):
             assert sum(a.acct.by_reason) >= 1, "the case's quote was rejected"
         elif case == "levels":
-            assert a.store.count[:4] == [12] * 4 and a.sched.live_requests() == 4
+            assert a.store.count[:4] == [n // 4] * 4 and a.sched.live_requests() == 4
     finally:
         a.close()
         b.close()
@@ -208,7 +210,11 @@ def test_a_stateful_model_takes_every_quote_of_a_batch_in_order():
 def _queued_requests(rig: IngestRig) -> tuple:
     """What _state does not hold of a sequential scheduler: each queued request's class, send time,
     n_conflated and deadline origin, the class FIFOs' slot order, the counters, and the answers (without the
-    receive time, which differs between two rigs)."""
+    receive time, which differs between two rigs) of each reason, in order. Across reasons the order is not
+    defined: the per-frame path answers a chunk's LATE ones, then its QUEUE_FULL ones, chunk by chunk (chunks
+    of the ring's depth within a burst), the column path a run's LATE ones, then its QUEUE_FULL ones, so the
+    two interleave them differently when a run spans several chunks (found when COLUMNS_MIN went to 64 and
+    this test's runs changed)."""
     sched = rig.sched
     per_slot = {}
     for slot in range(rig.store.n_slots):
@@ -219,7 +225,9 @@ def _queued_requests(rig: IngestRig) -> tuple:
                            sched.r_origin_ns[r] == sched.r_recv_ns[r]) for r in rids]
     fifos = [[sched.q_buf[c][(sched.q_head[c] + j) % rig.store.n_slots] for j in range(sched.q_len[c])]
              for c in range(sched.classes)]
-    answers = [a[:8] for a in zip(*rig.answers.columns())]
+    answers: dict[int, list] = {}
+    for a in zip(*rig.answers.columns()):
+        answers.setdefault(a[3], []).append(a[:8])  # by reason, each in the order answered
     return per_slot, fifos, sched.pending, sched.queued_slots, answers, list(rig.acct.by_reason), rig.acct.shed
 
 
@@ -245,7 +253,7 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
     ahead = fresh + 10**11  # a publisher clock 100 s ahead of ours
     first_id = 1000  # instrument ids apart from slots: an answer that named a slot would differ
     runs = []
-    for k in (40, 300, 33, 120):
+    for k in (COLUMNS_MIN + 8, 300, COLUMNS_MIN + 1, 120):
         feed = _feed(rng, k, 5 if k == 300 else 8, seqs, trades=0.2)
         feed = [(first_id + e[0], e[1], e[2], int(rng.choice([0, OLD_NS, fresh, ahead]))) + e[4:] for e in feed]
         runs.append((feed, rng.integers(-1, 7, len(feed)).tolist()))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from ingest_rig import IngestRig
 
+from hft_infer.ingest_batch import COLUMNS_MIN
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Heartbeat, Outcome, Quote, Reason, Reset, Trade
 
@@ -248,13 +249,13 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
     """An event young enough on arrival, but not with its instrument's queue ahead of it: with 2 ms
     a queue place (Scheduler.place_ns) and a 10 ms deadline, an event 6 ms old is LATE behind two
     queued ones (expected wait 2.5 places: 6 + 5 > 10) and admitted into an empty queue (6 + 1 <=
-    10); a fresh one is admitted behind the two. Per frame, in a burst and over an EventBatch (32 more instruments'
-    events make the chunk long enough for the bulk and column paths) alike."""
+    10); a fresh one is admitted behind the two. Per frame, in a burst and over an EventBatch (COLUMNS_MIN more
+    instruments' events make the chunk long enough for the bulk and column paths) alike."""
     import time
 
     from test_ingest_batch import batch_frame
 
-    rig = IngestRig(instruments=40, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
+    rig = IngestRig(instruments=COLUMNS_MIN + 8, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
     columns = []  # the EventBatch case must take the column path (ingest_batch.py, from COLUMNS_MIN events)
     run = rig.ingest._queue_run_in_order
     rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
@@ -262,7 +263,8 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
         one_by_one(rig, [quote(0, 0, 1.0), quote(0, 1, 2.0)])  # two queued on slot 0
         rig.sched.place_ns = 2_000_000
         aged = time.time_ns() - 6_000_000
-        events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, 34)]
+        events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0)
+                                                                           for i in range(2, COLUMNS_MIN + 2)]
         if how == "event_batch":
             burst(rig, [batch_frame(events)])
         else:
