@@ -49,7 +49,7 @@
 #                                          # baseline; lstm_a shards 1/4/8 at 100k/s each and 8 at 125k/s
 #   tools/gpu_session.sh wave16d           # landing: GPU tests; py-spy of one saturated lstm_a shard; shards 1/8
 #   tools/gpu_session.sh wave18            # GPU tests; lstm_a shards 1/8 over 1,024 instruments with ingest.coalesce_us
-#                                          # 0 / 250 / 1000; py-spy of one coalescing shard at 100k/s
+#                                          # 0 / 250 / 1000; py-spy of one coalescing shard at 100k/s; COLUMNS_MIN sweep
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -941,7 +941,8 @@ elif [ "$phase" = wave18 ]; then
   # ingest.coalesce_us (stepper.py): while a full batch is queued, read the feed at most once per that long, so
   # that a saturated shard pays a burst's fixed cost once per many frames. GPU tests; lstm_a shards over 1,024
   # instruments N = 1 and 8 at 100k/s each, coalesce_us 250, 0 and 1000 (one call: contention varies call to call);
-  # py-spy (non-blocking) of one shard at 100k/s with coalesce_us = 1000
+  # py-spy (non-blocking) of one shard at 100k/s with coalesce_us = 1000; where the column path starts to pay on
+  # this host's core (ingest_batch.COLUMNS_MIN, set from the dev VM's crossover in wave 18), both model kinds
   gpu_tests 200 tests/integration/test_gpu_engines.py tests/kernels/test_kernel_step.py \
        tests/kernels/test_kernel_graph_capture.py tests/integration/test_hotpath.py tests/unit/test_feed_coalescing.py
   for c in 250 0 1000; do
@@ -950,8 +951,14 @@ elif [ "$phase" = wave18 ]; then
   step prof_c1000_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
        "$WORK/prof_c1000_i1024_100k" 100000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024 \
        --set ingest.coalesce_us=1000
+  for kind in seq conf; do
+    flag=; [ "$kind" = conf ] && flag=--conflating
+    step "columns_min_$kind" 50 taskset -c 2 $PY tools/bench_hotpath.py --run-sizes 1024 --n 20000 --reps 2 \
+         --columns-min 32,48,64,96 --frame-sizes 32,48,64,96 $flag
+  done
   summarize
-  verbatim gpu_tests shards_c250_i1024_r100000 shards_c0_i1024_r100000 shards_c1000_i1024_r100000
+  verbatim gpu_tests shards_c250_i1024_r100000 shards_c0_i1024_r100000 shards_c1000_i1024_r100000 columns_min_seq \
+       columns_min_conf
   cp -f "$WORK/prof_c1000_i1024_100k/spy_top.txt" "$OUT/prof_c1000_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
