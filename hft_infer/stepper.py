@@ -31,7 +31,7 @@ Python list extends (metrics.SampleBuffer): no numpy call per step.
 Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued, reading
 more of the feed cannot change what the next step takes, so the loop reads it at most once per
 `coalesce_ns`, in one burst of what arrived. A burst's cost is mostly fixed (an EventBatch column
-run: ~170-210 µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes),
+run: ~100-200 µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes),
 and a loop past capacity otherwise reads each frame as it comes. A burst that stopped at its
 frame budget leaves the feed due at once (the socket may hold more).
 """
@@ -66,7 +66,9 @@ class Stepper:
         self.max_drain = max_drain
         self.inflight_drain = max(16, max_drain // 8)  # burst cap while a step is in flight (docstring)
         self.publish_shed = publish_shed
-        self.coalesce_ns = coalesce_ns
+        # off for an engine whose steps run on a thread here (done_fd): that loop sleeps on the socket
+        # while a step is in flight, and a held socket would wake it at once
+        self.coalesce_ns = 0 if engine.done_fd is not None else coalesce_ns
         self.full_batch = min(sched.max_batch, len(instrument_ids))
         self._last_read = 0  # when a burst last emptied the socket (coalescing)
         self._holding = False  # the feed is being left in the socket (coalescing)

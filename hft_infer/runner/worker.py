@@ -31,6 +31,7 @@ import os
 import threading
 
 from hft_infer.runner.base import Engine, EngineFailure
+from hft_infer.topology import format_cpulist
 
 PR_SET_NAME = 15  # linux/prctl.h
 THREAD_NAME = "hft-infer-step"  # what top -H, ps -L and the placement report show for the worker
@@ -55,10 +56,10 @@ def shared_core_warning(report, allowed: set[int] | None = None) -> str | None:
         if report.plan.helper_cores:
             return None
         return (f"the placement plans no helper core, so the step thread stays on the hot core "
-                f"{','.join(map(str, report.plan.hot_cores))} beside the loop")
+                f"{format_cpulist(report.plan.hot_cores)} beside the loop")
     allowed = os.sched_getaffinity(0) if allowed is None else allowed
     if len(allowed) < 2:
-        return f"this process may run on core {','.join(map(str, sorted(allowed)))} only, so the step thread shares it"
+        return f"this process may run on core {format_cpulist(allowed)} only, so the step thread shares it"
     return None
 
 
