@@ -244,11 +244,11 @@ class RunnerConfig(_Section):
     cpu_products: Literal["auto", "numpy", "torch"] = "auto"
     """CPU engine: the backend of a batch's matrix products. auto: numpy's (OpenBLAS) or torch's (MKL), whichever is faster for each product on this machine, timed once at start-up (they differ by up to ~3x either way); numpy or torch: that one always. Results differ only in fp32 summation order."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    """GPU kernels: fp32 (plain fp32 products), tf32 (tensor cores, fp32 accumulation), bf16 (bf16 weights, fp32 accumulation). State, biases and the head are fp32 always."""
+    """GPU kernels: fp32 (plain fp32 products), tf32 (tensor cores, fp32 accumulation), bf16 (bf16 weights, fp32 accumulation); state, biases and the head are fp32 always. CPU engine: fp32 (tf32 runs fp32), or bf16: a batch's weight products (the MLP's hidden layers, the LSTM's layers) may run as bf16 products with fp32 accumulation (oneDNN: AMX or AVX512-BF16 where the core has them), at the batch sizes where that is faster here (timed at start-up with cpu_products = auto), their inputs and outputs rounded to bf16; batch 1 and the head stay fp32. Scores move by ~1e-3; checked against fp32 at start-up (self_check)."""
     check_graph_addresses: bool = False
     """Debug: verify before every replay that graph inputs have not moved."""
     self_check: bool = True
-    """GPU engines: before serving, step a fixed stream of random rows through the engine and the CPU engine and refuse the engine when their scores disagree beyond the precision's rounding (well under a second)."""
+    """GPU engines, and the CPU engine in bf16: before serving, step a fixed stream of random rows through the engine and the fp32 CPU engine and refuse the engine when their scores disagree beyond the precision's rounding (well under a second)."""
     watchdog_ms: PosInt = 1000
     """Persistent engine: a step not done within this is a stuck kernel (fatal)."""
     persistent_programs: NonNegInt = 0

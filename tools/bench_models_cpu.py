@@ -8,7 +8,8 @@
 Per preset and batch size, every variant of the step (gather rows from the ring -> row
 transform -> model -> scores): the numpy executors the eager engine runs, the eager engine's
 whole step around one (staging, bucket padding, the decision policy: what the service's CPU
-engine runs), the torch executors they replace, `torch.compile` of the same step (mlp window
+engine runs), the same two with runner.precision = "bf16" (models/products.py; their ratio is
+to the fp32 numpy executor), the torch executors they replace, `torch.compile` of the same step (mlp window
 and lstm stream; its steady state, one new row per trigger), and for LSTM window mode the
 nn.LSTM recompute (oneDNN's fused cell). Variants run interleaved in rounds (a burst of steps each, round
 after round), so a slow spell of the shared machine hits them all alike; the table gives
@@ -210,13 +211,20 @@ def variants_for(name: str, model, ring: np.ndarray, batch: int, max_batch: int,
     spec = model.spec
     start = spec.window  # every window full
 
-    def ex(mode, method, backend):
-        return build_executor(model, ring, max_batch=max_batch, mode=mode, window_method=method, backend=backend)
+    def ex(mode, method, backend, precision="fp32"):
+        return build_executor(model, ring, max_batch=max_batch, mode=mode, window_method=method, backend=backend,
+                              precision=precision)
+
+    def bf16(family, mode):  # runner.precision = "bf16" (a family of its own: its scores differ by ~1e-3)
+        return [Variant(f"{family} bf16: numpy", ex(mode, "incremental", "numpy", "bf16"), batch, start),
+                Variant(f"{family} bf16: numpy, the eager engine's step (+ policy)",
+                        EagerStep(ex(mode, "incremental", "numpy", "bf16"), max_batch), batch, start)]
     out: list[Variant] = []
     if spec.kind == "mlp":
         out.append(Variant("mlp window: numpy", ex("window", "recompute", "numpy"), batch, start))
         out.append(Variant("mlp window: numpy, the eager engine's step (+ policy)",
                            EagerStep(ex("window", "recompute", "numpy"), max_batch), batch, start))
+        out += bf16("mlp window", "window")
         out.append(Variant("mlp window: torch (cached)", ex("window", "recompute", "torch"), batch, start, True))
         if compile_:
             out.append(Variant("mlp window: torch.compile", CompiledMlpStep(model, ring, batch), batch, start))
@@ -224,6 +232,7 @@ def variants_for(name: str, model, ring: np.ndarray, batch: int, max_batch: int,
     out.append(Variant("lstm stream: numpy", ex("stream", "incremental", "numpy"), batch, start))
     out.append(Variant("lstm stream: numpy, the eager engine's step (+ policy)",
                        EagerStep(ex("stream", "incremental", "numpy"), max_batch), batch, start))
+    out += bf16("lstm stream", "stream")
     out.append(Variant("lstm stream: torch", ex("stream", "incremental", "torch"), batch, start, True))
     if compile_:
         out.append(Variant("lstm stream: torch.compile", CompiledStreamStep(model, ring, batch), batch, start))
@@ -277,13 +286,14 @@ def bench(args) -> None:
             for v in vs + [cal]:
                 med = float(np.median(v.times))
                 p99 = float(np.percentile(v.times, 99))
-                ref = base.get(v.name.split(":")[0])
+                ref = base.get(v.name.split(":")[0].replace(" bf16", ""))  # bf16 against the fp32 executor
                 ratio = f"{med / ref:.2f}x" if ref else "-"
                 spread = f"{us(min(v.round_medians))}-{us(max(v.round_medians))}"
                 print(f"| {name} | {batch} | {v.name} | {us(med)} | {us(p99)} | {ratio} | {spread} | "
                       f"{v.transient / 1024:.1f} |", flush=True)
             del vs
-    print("\nbatched products (runner.cpu_products = auto, chosen by timing on this machine):")
+    print("\nbatched products (runner.cpu_products = auto, chosen by timing on this machine; the bf16 variants: "
+          "runner.precision = bf16):")
     for line in sorted(products):
         print(f"  {line}")
 

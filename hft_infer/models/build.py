@@ -19,7 +19,7 @@ from hft_infer.models.executor import Executor
 from hft_infer.models.incremental import LstmIncrementalExecutor
 from hft_infer.models.numpy_lstm import LstmIncrementalNumpyExecutor, LstmStreamNumpyExecutor
 from hft_infer.models.numpy_mlp import MlpNumpyExecutor
-from hft_infer.models.products import PRODUCT_BACKENDS, PlannedProducts
+from hft_infer.models.products import PRECISIONS, PRODUCT_BACKENDS, PlannedProducts
 from hft_infer.models.torch_executors import LstmRecomputeExecutor, LstmStreamExecutor
 
 MODES = ("window", "stream")
@@ -39,11 +39,14 @@ _EXECUTORS = {
 
 
 def build_executor(model: WindowModel, ring, *, max_batch: int, mode: str = "window",
-                   window_method: str = "incremental", backend: str = "numpy", products: str = "auto") -> Executor:
+                   window_method: str = "incremental", backend: str = "numpy", products: str = "auto",
+                   precision: str = "fp32") -> Executor:
     """The CPU executor for a model and mode. MLPs are window models (mode 'window' only;
     `window_method` does not apply to them). `ring`: the feature store's float32
     [n_slots, R, F] ring, a torch tensor or a numpy array. `products` (numpy executors):
-    "auto", "numpy" or "torch", the batched matrix products' backend (products.py)."""
+    "auto", "numpy" or "torch", the batched matrix products' backend; `precision` (numpy
+    executors): "fp32", or "bf16" for the weight products of a batch (products.py). Other
+    executors run fp32 whatever `precision` says: `applies_precision` tells them apart."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if window_method not in WINDOW_METHODS:
@@ -59,7 +62,14 @@ def build_executor(model: WindowModel, ring, *, max_batch: int, mode: str = "win
         key = ("lstm", "stream" if mode == "stream" else window_method, backend)
     if products not in PRODUCT_BACKENDS:
         raise ValueError(f"products must be one of {PRODUCT_BACKENDS}, got {products!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} on the CPU, got {precision!r}")
     cls = _EXECUTORS[key]
     if issubclass(cls, PlannedProducts):
-        return cls(model, ring, max_batch, products=products)
+        return cls(model, ring, max_batch, products=products, precision=precision)
     return cls(model, ring, max_batch)
+
+
+def applies_precision(executor: Executor) -> bool:
+    """Whether `executor` honours build_executor's `precision` (the numpy executors)."""
+    return isinstance(executor, PlannedProducts)

@@ -102,8 +102,10 @@ class _NumpyLstm(PlannedProducts, Executor):
     x_width = 0  # rows of the new row's features at the top of a state column
     per_slot = 1  # state columns per slot (K)
 
-    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto",
+                 precision: str = "fp32") -> None:
         self.products = products  # products.py: numpy's or torch's product per batch size
+        self.precision = precision  # products.py: "bf16" lets the layers' products run in bf16
         super().__init__(model, ring, max_batch)
         spec, dt = model.spec, self.np_dtype
         hid, nl, f, x, k = spec.hidden[0], spec.layers, self.width, self.x_width, self.per_slot
@@ -179,7 +181,7 @@ class _NumpyLstm(PlannedProducts, Executor):
     def _bind_products(self, plan: _Plan) -> None:
         """Each layer's product into the gates and the head's into the logits, bound once."""
         gates = plan.gates[0]
-        plan.layer_products = [bind_product(wt, inp, gates, self.products)
+        plan.layer_products = [bind_product(wt, inp, gates, self.products, bf16_weights=self.bf16_weights("a"))
                                for wt, (inp, _, _) in zip(self._weights, plan.layers)]
         plan.head = bind_product(self._head, plan.head_in, plan.logits, self.products)
         plan.products += plan.layer_products + [plan.head]
@@ -220,9 +222,10 @@ class _NumpyLstm(PlannedProducts, Executor):
 class LstmStreamNumpyExecutor(_NumpyLstm):
     """LSTM stream: one recurrent step per event from the slot's (h, c) of every layer."""
 
-    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto",
+                 precision: str = "fp32") -> None:
         self.x_width = model.spec.features
-        super().__init__(model, ring, max_batch, products=products)
+        super().__init__(model, ring, max_batch, products=products, precision=precision)
         self._one = self._plan_one()
 
     def _first_layer(self, w_ih, w_hh, bias):  # [x | h_0 | 1]
@@ -284,10 +287,11 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
     start: the window over rows 0..t) and is emitted, then restarted from zero. Layer 0's input
     projection of the row (with the bias) is computed once and broadcast over the W states."""
 
-    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto") -> None:
+    def __init__(self, model: LstmModel, ring, max_batch: int, *, products: str = "auto",
+                 precision: str = "fp32") -> None:
         self.x_width = 0
         self.per_slot = model.spec.window
-        super().__init__(model, ring, max_batch, products=products)
+        super().__init__(model, ring, max_batch, products=products, precision=precision)
         self._emit = np.empty(max_batch, np.int64)
         self._col_base = np.arange(max_batch, dtype=np.int64) * self.window
 
@@ -310,7 +314,8 @@ class LstmIncrementalNumpyExecutor(_NumpyLstm):
         plan.head_in = self._head_in(plan.emit_cols)
         if n > 1:  # batch 1 steps in place on its slot's block: views made per step
             self._bind_products(plan)
-            plan.x_product = bind_product(self._w_x, plan.x, plan.xproj, self.products)
+            plan.x_product = bind_product(self._w_x, plan.x, plan.xproj, self.products,
+                                          bf16_weights=self.bf16_weights("a"))
             plan.products.append(plan.x_product)
         return plan
 

@@ -72,9 +72,11 @@ class MlpNumpyExecutor(PlannedProducts, Executor):
     stateful = False  # the window is read from the rings: triggers may be conflated
     backend = "numpy"
 
-    def __init__(self, model: WindowModel, ring, max_batch: int, *, products: str = "auto") -> None:
+    def __init__(self, model: WindowModel, ring, max_batch: int, *, products: str = "auto",
+                 precision: str = "fp32") -> None:
         self.ring_rows = model.spec.window
         self.products = products  # products.py: numpy's or torch's product per batch size
+        self.precision = precision  # products.py: "bf16" lets the hidden layers' products run in bf16
         super().__init__(model, ring, max_batch)
         s, r, f, w, dt = self.n_slots, self.ring_len, self.width, self.window, self.np_dtype
         self._mean = model.norm_mean.detach().numpy().astype(dt)
@@ -150,7 +152,8 @@ class MlpNumpyExecutor(PlannedProducts, Executor):
         plan.logits = self._logits[:n]
         plan.layers, h = [], plan.x
         for wt, buf in zip(self._weights, self._hidden):
-            plan.layers.append((bind_product(h, wt, buf[:n, :-1], self.products), buf[:n]))
+            plan.layers.append((bind_product(h, wt, buf[:n, :-1], self.products,
+                                             bf16_weights=self.bf16_weights("b")), buf[:n]))
             h = buf[:n]
         plan.head = bind_product(h, self._head, plan.logits, self.products)
         plan.products = [product for product, _ in plan.layers] + [plan.head]

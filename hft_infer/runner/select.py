@@ -207,7 +207,8 @@ def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequ
     through both and leaves the engine's state and the rows zeroed. (engine s, CPU s)."""
     from hft_infer.runner.self_check import compare, time_stream
 
-    ref = _eager(cfg, model, version, n_slots, depth, sequential, conflate, "self-check reference", allowance)
+    ref = _eager(cfg, model, version, n_slots, depth, sequential, conflate, "self-check reference", allowance,
+                 precision="fp32")
     try:
         compare(engine, store, ref.engine, ref.store, n_slots=n_slots, precision=cfg.runner.precision)
         timing = time_stream(engine, store, ref.engine, ref.store, n_slots=n_slots)
@@ -217,12 +218,22 @@ def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequ
     return timing
 
 
+def cpu_precision(cfg: Config) -> str:
+    """The CPU engine's product precision for runner.precision: bf16 as configured; tf32 (a GPU
+    tensor-core format) and fp32 run fp32."""
+    return "bf16" if cfg.runner.precision == "bf16" else "fp32"
+
+
 def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool, conflate: bool,
-           reason: str, allowance: int, store: FeatureStore | None = None) -> Runtime:
-    from hft_infer.models.build import build_executor
+           reason: str, allowance: int, store: FeatureStore | None = None, *,
+           precision: str | None = None) -> Runtime:
+    """The CPU engine. `precision`: its products' ("fp32" or "bf16"; default cpu_precision(cfg)).
+    A bf16 engine is checked against an fp32 one at start-up (runner.self_check)."""
+    from hft_infer.models.build import applies_precision, build_executor
     from hft_infer.models.decision import DecisionPolicy
     from hft_infer.runner.eager import EagerEngine
 
+    precision = cpu_precision(cfg) if precision is None else precision
     store = store or FeatureStore(n_slots, model.spec.levels, depth)
     max_bucket = cfg.runner.max_bucket
     if is_custom(model):
@@ -231,9 +242,42 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
         executor = CustomExecutor(model, store.tensor, max_bucket)
     else:
         executor = build_executor(model, store.tensor, max_batch=max_bucket, mode=cfg.model.mode,
-                                  window_method=cfg.model.window_method, products=cfg.runner.cpu_products)
+                                  window_method=cfg.model.window_method, products=cfg.runner.cpu_products,
+                                  precision=precision)
     policy = DecisionPolicy(cfg.decision.threshold, cfg.decision.hysteresis, n_slots + 1, max_bucket)
     reason = f"{reason}; {type(executor).__name__}"  # which executor runs the step (models/build.py)
+    bf16 = precision == "bf16" and applies_precision(executor)
+    if precision == "bf16" and not bf16:
+        reason += f"; runner.precision bf16 does not apply to {type(executor).__name__} (fp32 products)"
+    elif cfg.runner.precision == "tf32":
+        reason += "; runner.precision tf32 is a GPU tensor-core format: the CPU engine's products run fp32"
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
                          threads=cfg.runner.torch_threads)
-    return Runtime(model, version, store, engine, sequential, conflate, allowance)
+    runtime = Runtime(model, version, store, engine, sequential, conflate, allowance)
+    if bf16 and cfg.runner.self_check:
+        _check_cpu_bf16(cfg, runtime, n_slots, depth)
+    return runtime
+
+
+def _check_cpu_bf16(cfg: Config, runtime: Runtime, n_slots: int, depth: int) -> None:
+    """runner.self_check for the CPU engine's bf16 products: the self-check stream through it and
+    through the same engine in fp32 (runner/self_check.py); their scores must agree within the bf16
+    tolerance for this model's weights, else the config is refused with the figures. Leaves the
+    engine's state and rows zeroed; its reason says the largest difference."""
+    from hft_infer.runner.base import EngineFailure
+    from hft_infer.runner.self_check import TOLERANCE, compare
+
+    ref = _eager(cfg, runtime.model, runtime.model_version, n_slots, depth, runtime.sequential, runtime.conflate,
+                 "bf16 check reference", runtime.inflight_rows, precision="fp32")
+    engine = runtime.engine
+    try:
+        worst = compare(engine, runtime.store, ref.engine, ref.store, n_slots=n_slots, precision="bf16")
+    except EngineFailure as e:
+        raise ConfigError(f"runner.precision = \"bf16\" on the CPU engine: {e}; run this model in fp32 "
+                          "(runner.precision = \"fp32\") or set runner.self_check = false to serve it anyway"
+                          ) from None
+    finally:
+        ref.engine.close()
+    engine.reset()
+    engine.reason += (f"; bf16 self-check against fp32: largest score difference {worst:.2g} "
+                      f"(tolerance {TOLERANCE['bf16']:g})")
