@@ -182,7 +182,7 @@ class PlannedProducts:
                 span = str(at[0]) if len(at) == 1 else f"{at[0]}-{at[-1]}"
                 count = sum(b == backend for _, b in chosen)
                 parts.append(f"{backend} for {count} of {len(chosen)} (batches {span})")
-        if self.precision == "bf16" and not any(b == "bf16" for _, b in chosen):
+        if self.precision == "bf16" and chosen and not any(b == "bf16" for _, b in chosen):
             parts.append("bf16 for none (slower than fp32 here at every batch)")
         head = f"products {self.products}" + (", precision bf16" if self.precision == "bf16" else "")
         return f"{head}: {', '.join(parts) or 'numpy'}"
