@@ -129,7 +129,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instrument-ids", metavar="IDS", help="LOBSTER: '3,4' by file or 'AAPL=3,MSFT=4' by ticker")
     parser.add_argument("--verify", action="store_true",
                         help="compare every decision with the model's offline reference; exit 1 on a mismatch")
-    parser.add_argument("--tolerance", type=float, default=None, help="--verify: max |score difference| (1e-4)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="--verify: max |score difference| (default: what the config's runner.precision "
+                             "allows: fp32 1e-4, tf32 5e-3, bf16 3e-2)")
     parser.add_argument("--show-mismatches", type=int, default=10, metavar="N")
     parser.add_argument("--start-service", action="store_true",
                         help="run `hft-infer serve` with this config as a child for the replay")

@@ -13,7 +13,7 @@ import numpy as np
 
 from hft_infer.app.bench import check_harness_args, check_output_paths, exit_status, model_levels, run_with_floor
 from hft_infer.app.drive import HarnessOptions, Load, Target, print_result
-from hft_infer.app.verify import DEFAULT_TOLERANCE, verify
+from hft_infer.app.verify import default_tolerance, verify
 from hft_infer.config import load_config
 from hft_infer.errors import UserError
 from hft_infer.replay import pacer
@@ -167,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
                                                 "source": kind, "sources": list(args.sources), "pacing": how})
     status = 0
     if args.verify:
-        tol = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
+        tol = args.tolerance if args.tolerance is not None else default_tolerance(cfg)
         try:
             vr = verify(result.decisions, events, cfg, tolerance=tol, service_model_version=out["model_version"])
         except ValueError as e:

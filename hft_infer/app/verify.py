@@ -17,7 +17,8 @@ LATE is answered before its row is written and takes no position
 (scheduler.py, admission). verify learns which from their answers, so it needs
 `egress.publish_shed` (the default); conflating models write every row.
 
-A score differs when |live - reference| > tolerance; an action differs only
+A score differs when |live - reference| > tolerance (default: by the config's
+runner.precision, `default_tolerance`); an action differs only
 when the reference score is further than `tolerance` from a threshold (a
 float32 rounding difference at a threshold may flip the action, which is not
 a mismatch of the model).
@@ -36,9 +37,17 @@ from hft_infer.models.custom import load_configured
 from hft_infer.models.dataset import instrument_order, raw_rows, window_index
 from hft_infer.models.evaluation import window_logits
 from hft_infer.runner.select import conflates
+from hft_infer.runner.self_check import TOLERANCE
 from hft_infer.transport.schema import Decision, Outcome, Reason
 
-DEFAULT_TOLERANCE = 1e-4  # float32 batched vs per-window recompute differ by ~1e-6 on mlp_small (tests)
+DEFAULT_TOLERANCE = TOLERANCE["fp32"]  # float32 batched vs per-window recompute differ by ~1e-6 on mlp_small (tests)
+
+
+def default_tolerance(cfg: Config) -> float:
+    """--verify's tolerance when none is given: the rounding that the config's runner.precision
+    allows, the same figure the engines' start-up self-check holds them to (fp32 1e-4, tf32 5e-3,
+    bf16 3e-2): a bf16 service's scores differ from the float32 reference by ~1e-3."""
+    return TOLERANCE[cfg.runner.precision]
 
 
 @dataclass

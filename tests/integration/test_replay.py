@@ -123,6 +123,28 @@ def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
     assert final.received == 6000
 
 
+def test_a_bf16_service_verifies_within_the_tolerance_of_its_precision(tmp_path):
+    """runner.precision = "bf16" on the CPU engine (cpu_products forced: every batched hidden-layer
+    product in bf16, whatever this machine's timing says): its scores leave fp32's 1e-4 of the
+    offline float32 reference, so --verify, which holds a replay to the precision of the config
+    it is given (bf16: 3e-2, as the start-up self-check), passes and says so; the largest difference
+    is above fp32's tolerance, so the default used to fail here."""
+    overrides = [*TEST_MODEL, 'runner.precision="bf16"', 'runner.cpu_products="torch"']
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "6000", "--max", "--feed-batch", "64", "--verify",
+                "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
+                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        final = svc.stop()
+    assert r.returncode == 0, r.stderr + r.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    v = summary["verify"]
+    assert v["tolerance"] == 3e-2 and v["mismatches"] == 0 and v["compared"] > 0
+    assert 1e-4 < v["max_abs_diff"] < 3e-2
+    assert summary["accounting"]["lost"] == 0 and final.received == 6000
+
+
 def _replay_stream_lstm(tmp_path, max_pending: int, max_age_us: int):
     """4,000 synthetic events of 8 instruments, all due at once (--max), as EventBatch frames of 64
     (the ingest queues each run as columns, ingest_batch.py), through a service running lstm_a in
