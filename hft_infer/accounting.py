@@ -80,7 +80,7 @@ class Accounting:
         return {r.name: self.by_reason[r] for r in Reason if self.by_reason[r]}
 
     def status(self, ts_ns: int, *, conflated: int, pending: int, final: bool, engine: str,
-               model_version: str, error: str = "") -> Status:
+               model_version: str, error: str = "", precision: str = "") -> Status:
         return Status(ts_ns, self.received, self.decided, self.shed, conflated, self.rejected, pending,
                       self.egress_dropped, self.seq_gaps, list(self.by_reason), final, engine, model_version,
-                      self.seq_missing, self.resets, self.ingest_disconnects, error)
+                      self.seq_missing, self.resets, self.ingest_disconnects, error, precision)

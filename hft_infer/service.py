@@ -219,7 +219,8 @@ class Service:
     def status_message(self, final: bool = False):
         return self.acct.status(self.clock.epoch(perf_ns()), conflated=self.sched.conflated,
                                 pending=self.pending(), final=final, engine=self.engine.name,
-                                model_version=self.model_version, error=self.failure)
+                                model_version=self.model_version, error=self.failure,
+                                precision=self.engine.precision)
 
     def _ship(self, now: int, final: bool = False) -> None:
         interval = self.stages.take_interval()

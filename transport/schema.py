@@ -209,6 +209,7 @@ class Status(msgspec.Struct, tag=TAG_STATUS, array_like=True, frozen=True, gc=Fa
     resets: int = 0  # Reset messages applied
     ingest_disconnects: int = 0  # feed connections lost (and re-established) by the ingest socket
     error: str = ""  # in the final Status of a service that stops on a fatal error: what failed
+    precision: str = ""  # the engine's product precision ("fp32", "tf32", "bf16"; "" from a null service)
 
 
 class DecisionBatch(msgspec.Struct, tag=TAG_DECISION_BATCH, array_like=True, frozen=True, gc=False):

@@ -362,6 +362,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "rate_achieved": (sent_frames - 1) / elapsed_s if sent_frames > 1 else 0.0,
         "engine": status.engine if status else None,
         "model_version": status.model_version if status else None,
+        "precision": (status.precision or None) if status else None,
         "stages": stats.summary() if stats is not None else {},
         TICK_TO_DECISION: result.tick_to_decision,
         "send_to_service_recv": result.send_to_service_recv,

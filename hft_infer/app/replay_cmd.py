@@ -167,7 +167,11 @@ def main(args: argparse.Namespace) -> int:
                                                 "source": kind, "sources": list(args.sources), "pacing": how})
     status = 0
     if args.verify:
-        tol = args.tolerance if args.tolerance is not None else default_tolerance(cfg)
+        tol = args.tolerance
+        if tol is None:
+            tol, note = default_tolerance(cfg, out.get("precision"))
+            if note:
+                print(note, file=sys.stderr)
         try:
             vr = verify(result.decisions, events, cfg, tolerance=tol, service_model_version=out["model_version"])
         except ValueError as e:

@@ -43,11 +43,18 @@ from hft_infer.transport.schema import Decision, Outcome, Reason
 DEFAULT_TOLERANCE = TOLERANCE["fp32"]  # float32 batched vs per-window recompute differ by ~1e-6 on mlp_small (tests)
 
 
-def default_tolerance(cfg: Config) -> float:
-    """--verify's tolerance when none is given: the rounding that the config's runner.precision
-    allows, the same figure the engines' start-up self-check holds them to (fp32 1e-4, tf32 5e-3,
-    bf16 3e-2): a bf16 service's scores differ from the float32 reference by ~1e-3."""
-    return TOLERANCE[cfg.runner.precision]
+def default_tolerance(cfg: Config, service_precision: str | None = None) -> tuple[float, str]:
+    """--verify's tolerance when none is given, and a note when the service and the config disagree:
+    the rounding that the service's precision allows (its Status says which; else the config's
+    runner.precision), the figure the engines' start-up self-check holds them to (fp32 1e-4, tf32
+    5e-3, bf16 3e-2): a bf16 service's scores differ from the float32 reference by ~1e-3."""
+    configured = cfg.runner.precision
+    precision = service_precision if service_precision in TOLERANCE else configured
+    note = ""
+    if precision != configured and not (configured == "tf32" and precision == "fp32"):
+        note = (f"verify: the service runs precision {precision} where the config says {configured}: "
+                f"holding its scores to {precision}'s tolerance {TOLERANCE[precision]:g}")
+    return TOLERANCE[precision], note
 
 
 @dataclass

@@ -61,6 +61,9 @@ class Engine:
 
     name = "base"
     max_inflight = 1
+    # The products' precision as this engine runs them (runner.precision; the CPU engine runs tf32
+    # as fp32): reported in Status, which `replay --verify` holds the decisions to
+    precision = "fp32"
     # True when a step in flight still reads the host feature ring (the loop must then not
     # overwrite its rows: stepper.py); the GPU engines copy a step's rows at submit
     reads_ring_in_flight = False

@@ -157,6 +157,7 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
             else:
                 engine = GraphEngine(kstep, list(r.buckets), sink_slot=store.sink_slot, reason=why,
                                      check_addresses=r.check_graph_addresses, max_inflight=r.max_inflight)
+            engine.precision = r.precision
             engine.warm_up()
             if r.self_check:
                 engine_s, cpu_s = _self_check(cfg, model, version, n_slots, depth, sequential, conflate,
@@ -253,6 +254,7 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
         reason += "; runner.precision tf32 is a GPU tensor-core format: the CPU engine's products run fp32"
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
                          threads=cfg.runner.torch_threads)
+    engine.precision = "bf16" if bf16 else "fp32"
     runtime = Runtime(model, version, store, engine, sequential, conflate, allowance)
     if bf16 and cfg.runner.self_check:
         _check_cpu_bf16(cfg, runtime, n_slots, depth)

@@ -72,6 +72,7 @@ class WorkerEngine(Engine):
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.name = inner.name
+        self.precision = inner.precision
         self.reason = inner.reason + "; steps on a worker thread (runner.cpu_worker)"
         self.bucket_map = inner.bucket_map
         self.max_batch = inner.max_batch

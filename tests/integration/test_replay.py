@@ -126,20 +126,24 @@ def test_a_replay_in_event_batches_verifies_against_a_running_service(tmp_path):
 def test_a_bf16_service_verifies_within_the_tolerance_of_its_precision(tmp_path):
     """runner.precision = "bf16" on the CPU engine (cpu_products forced: every batched hidden-layer
     product in bf16, whatever this machine's timing says): its scores leave fp32's 1e-4 of the
-    offline float32 reference, so --verify, which holds a replay to the precision of the config
-    it is given (bf16: 3e-2, as the start-up self-check), passes and says so; the largest difference
-    is above fp32's tolerance, so the default used to fail here."""
+    offline float32 reference. Its Status says bf16, and --verify holds the replay to that
+    precision's tolerance (3e-2, the start-up self-check's) even though the replay was given the
+    default config (fp32), saying so; the largest difference is above fp32's 1e-4, so verify
+    failed here before (290 of 318 decisions)."""
     overrides = [*TEST_MODEL, 'runner.precision="bf16"', 'runner.cpu_products="torch"']
     with ServiceUnderTest(overrides) as svc:
         svc.start(feed=False)
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
         r = cli("replay", "synthetic", "--events", "6000", "--max", "--feed-batch", "64", "--verify",
-                "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
+                "--set", "service.name=t", *sum((["--set", o] for o in TEST_MODEL), []),
                 "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
         final = svc.stop()
     assert r.returncode == 0, r.stderr + r.stdout
+    assert "the service runs precision bf16 where the config says fp32" in r.stderr
+    assert final.precision == "bf16"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     v = summary["verify"]
+    assert summary["precision"] == "bf16"
     assert v["tolerance"] == 3e-2 and v["mismatches"] == 0 and v["compared"] > 0
     assert 1e-4 < v["max_abs_diff"] < 3e-2
     assert summary["accounting"]["lost"] == 0 and final.received == 6000
@@ -254,6 +258,25 @@ def test_verify_detects_a_perturbed_decision():
     res = verify(bad, events, cfg)
     assert [(m.instrument, m.seq, m.what) for m in res.mismatches] == [(d.instrument, d.seq, "score")]
     assert "instrument" in res.report()
+
+
+@pytest.mark.parametrize(("configured", "service", "tolerance", "noted"), [
+    ("fp32", None, 1e-4, False),     # no Status precision (a service before the field): the config's
+    ("bf16", "", 3e-2, False),       # a null service reports none
+    ("fp32", "bf16", 3e-2, True),    # the service's, said when the config disagrees
+    ("bf16", "fp32", 1e-4, True),
+    ("tf32", "fp32", 1e-4, False),   # the CPU engine runs tf32 as fp32: no disagreement to report
+    ("tf32", "tf32", 5e-3, False),
+])
+def test_verify_takes_its_default_tolerance_from_the_precision_the_service_runs(configured, service, tolerance,
+                                                                                noted):
+    from hft_infer.app.verify import default_tolerance
+    from hft_infer.config import load_config
+
+    cfg = load_config(None, [*TEST_MODEL, f'runner.precision="{configured}"'])
+    tol, note = default_tolerance(cfg, service)
+    assert tol == tolerance
+    assert bool(note) == noted and (not noted or f"precision {service} where the config says {configured}" in note)
 
 
 def test_replay_without_a_running_service_is_a_clear_error(tmp_path):
