@@ -50,6 +50,8 @@
 #   tools/gpu_session.sh wave16d           # landing: GPU tests; py-spy of one saturated lstm_a shard; shards 1/8
 #   tools/gpu_session.sh wave18            # GPU tests; lstm_a shards 1/8 over 1,024 instruments with ingest.coalesce_us
 #                                          # 0 / 250 / 1000; py-spy of one coalescing shard at 100k/s; COLUMNS_MIN sweep
+#   tools/gpu_session.sh wave19            # a bf16 GPU service through replay --verify (the precision in its Status);
+#                                          # the CPU engine's bf16 products on this host's core
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -960,6 +962,19 @@ elif [ "$phase" = wave18 ]; then
   verbatim gpu_tests shards_c250_i1024_r100000 shards_c0_i1024_r100000 shards_c1000_i1024_r100000 columns_min_seq \
        columns_min_conf
   cp -f "$WORK/prof_c1000_i1024_100k/spy_top.txt" "$OUT/prof_c1000_i1024_100k_spy_top.txt" 2>/dev/null
+elif [ "$phase" = wave19 ]; then
+  # runner.precision: a GPU service in bf16 and tf32 held by replay --verify to its precision's tolerance (its Status
+  # says which; tests/integration/test_replay.py runs the CPU engine's case everywhere, the GPU engines' here); the
+  # CPU engine's bf16 products (AMX or AVX512-BF16 where this host's core has them) against fp32, one thread
+  gpu_tests 200 tests/integration/test_replay.py tests/unit/test_products.py tests/integration/test_gpu_engines.py
+  for prec in bf16 tf32; do
+    step "verify_$prec" 90 $PY -m hft_infer replay synthetic --events 20000 --max --feed-batch 64 --verify \
+         --start-service -c configs/gpu.toml --set "runner.precision=\"$prec\"" --quiet --run-dir "$WORK/runs/verify_$prec"
+  done
+  step models_cpu_bf16 150 taskset -c 2 $PY tools/bench_models_cpu.py --presets mlp_small lstm_a lstm_b \
+       --batches 1 8 64 --no-compile --rounds 3
+  summarize
+  verbatim gpu_tests verify_bf16 verify_tf32 models_cpu_bf16
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
