@@ -19,18 +19,20 @@ The two differ only in fp32 summation order (results within a few ulp of each ot
 process keeps its choice for its life. Batch 1's matrix x vector products are numpy's gemv
 in every mode (the fastest form there: no torch call beats it).
 
-bf16 (`runner.precision = "bf16"`, opt-in): a product whose one operand is a weight matrix
-(the caller says which: `bf16_weights="a"` or `"b"`) may also run as torch's bf16 mm, which
-oneDNN runs on AMX or AVX512-BF16 where the core has them: the weights converted once at
-bind, the activations rounded to bf16 on the way in (one copy), the product accumulated in
-fp32 and rounded to bf16 on the way out, then copied into the fp32 `out`. On the dev VM
-(Xeon with AMX) mlp_small's first layer at batch 64 takes ~60 µs so against ~140 in fp32, at
-batch 16 ~35 against ~59; at batch 2 it is ~3x slower (~20 µs: oneDNN's fixed cost), so
-under "auto" it is one more timed candidate, taken when below TORCH_MARGIN x the faster
-fp32 backend's time; with a forced backend ("numpy" / "torch") the eligible products are
-bf16 untimed. Scores move by ~1e-3 relative (runner/self_check.py's bf16 tolerance is
-checked against the fp32 engine at start-up). Biases ride in the weights (the constant-1
-input column), so they are rounded too; the head and everything elementwise stay fp32.
+bf16 (`runner.precision = "bf16"`, opt-in): a product whose one operand is a weight matrix (the
+caller says which: `bf16_weights="a"` or `"b"`) may also run as torch's bf16 mm, which oneDNN
+runs on AMX or AVX512-BF16 where the core has them: the weights converted once at bind, the
+activations rounded to bf16 on the way in (one copy), the product accumulated in fp32 and
+rounded to bf16 on the way out, then copied into the fp32 `out`. On the dev VM (Xeon with AMX)
+mlp_small's first layer at batch 64 takes ~50 µs called back to back against ~111-123 in fp32
+(but ~88 inside a step, whose other work evicts its operands from L2); at batch 2-8 it is
+slower than fp32 (~20 µs: oneDNN's fixed cost); lstm_c's layers, whose fp32 weights are read
+from memory at every step, run ~3-4x faster. So under "auto" it is one more timed candidate,
+taken when below TORCH_MARGIN x the faster fp32 backend's time; with a forced backend ("numpy"
+/ "torch") the eligible products are bf16 untimed. Scores move by ~1e-3 relative
+(runner/self_check.py's bf16 tolerance is checked against the fp32 engine at start-up). Biases
+ride in the weights (the constant-1 input column), so they are rounded too; the head and
+everything elementwise stay fp32.
 """
 
 from __future__ import annotations
