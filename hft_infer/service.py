@@ -227,6 +227,7 @@ class Service:
         snap = Snapshot(
             service=self.cfg.service.name, pid=os.getpid(), ts_ns=self.clock.epoch(now),
             interval_ns=now - self._last_ship_ns, engine=self.engine.name, engine_reason=self.engine.reason,
+            precision=self.engine.precision,
             model_version=self.model_version, counters=self.counters(), rejected_by_reason=self.acct.reasons(),
             gauges={"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
                     "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes()),
@@ -459,6 +460,7 @@ class Service:
             "service": self.cfg.service.name,
             "engine": self.engine.name,
             "engine_reason": self.engine.reason,
+            "precision": self.engine.precision,
             "model_version": self.model_version,
             "endpoints": self.endpoints,
             "stages": self.stages.summary(),

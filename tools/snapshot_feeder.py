@@ -91,7 +91,7 @@ class SyntheticService:
         gauges["rss_bytes"] = 350e6
         gauges["admit_depth"] = float(rng.integers(1, 65))
         return Snapshot(service=self.name, pid=os.getpid(), ts_ns=now_ns, interval_ns=interval_ns,
-                        engine="eager", engine_reason="synthetic feeder (no model)",
+                        engine="eager", engine_reason="synthetic feeder (no model)", precision="fp32",
                         model_version="synthetic", counters=dict(c), rejected_by_reason=dict(self.by_reason),
                         gauges=gauges, stages={s: to_wire(ic) for s, ic in folded.items()},
                         histogram_highest_ns=self.highest_ns, histogram_digits=self.digits, final=final)

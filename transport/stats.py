@@ -74,6 +74,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     histogram_digits: int
     placement: dict[str, str] = {}  # CPU/NUMA placement decisions and refusals (issue 9)
     final: bool = False  # last snapshot before exit
+    precision: str = ""  # the engine's product precision (fp32 | tf32 | bf16; Status.precision)
 
 
 _encoder = msgspec.msgpack.Encoder()

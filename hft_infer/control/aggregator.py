@@ -86,6 +86,7 @@ class ServiceInfo:
     model_version: str = ""
     placement: dict = field(default_factory=dict)
     final: bool = False
+    precision: str = ""
 
 
 class Aggregator:
@@ -200,7 +201,7 @@ class Aggregator:
         if restarted:
             self.service_restarts += 1
         self.info = ServiceInfo(snap.service, snap.pid, snap.engine, snap.engine_reason, snap.model_version,
-                                dict(snap.placement), snap.final)
+                                dict(snap.placement), snap.final, snap.precision)
         end_s = snap.ts_ns / 1e9
         length_s = snap.interval_ns / 1e9
         for st in self.stages.values():

@@ -103,7 +103,7 @@ class ServiceCollector:
         yield InfoMetricFamily("hft_infer_service", "The service sending snapshots",
                                value={"service": info.service, "pid": str(info.pid), "engine": info.engine,
                                       "engine_reason": info.engine_reason[:200],
-                                      "model_version": info.model_version})
+                                      "model_version": info.model_version, "precision": info.precision})
         age = GaugeMetricFamily("hft_infer_snapshot_age_seconds",
                                 "Seconds since the last snapshot arrived (NaN before the first)")
         age.add_metric([], float("nan") if agg.last_receipt_s is None else time.time() - agg.last_receipt_s)

@@ -153,6 +153,7 @@ def test_metrics_agree_with_the_snapshots(control, zctx):
     assert fams["hft_infer_batch_wait_seconds"].type == "gauge"  # µs on the wire, seconds here
     info = fams["hft_infer_service_info"].samples[0].labels  # exposed as a gauge of 1
     assert info["engine"] == "eager" and info["pid"] == str(os.getpid())
+    assert info["precision"] == last.precision == "fp32"  # the feeder's, passed through
     ok = {s.labels["result"]: s.value for s in fams["hft_infer_control_snapshots"].samples}
     assert ok == {"ok": 6.0, "bad": 0.0}
     assert fams["hft_infer_control_process_resident_memory_bytes"].samples[0].value > 0
