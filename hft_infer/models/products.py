@@ -135,6 +135,27 @@ def bind_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, backend: str, *,
     return best
 
 
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags (Linux /proc/cpuinfo) of native bf16 products: AMX tiles, AVX-512 BF16 dot products."""
+
+
+def bf16_hardware(cpuinfo: str | None = None) -> list[str] | None:
+    """The BF16_FLAGS this CPU has (from /proc/cpuinfo's first flags line, or `cpuinfo`'s text);
+    None where that cannot be read (not Linux). Without either flag oneDNN's bf16 product runs
+    a converting fallback: "auto" then finds it slower and keeps fp32."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return [flag for flag in BF16_FLAGS if flag in flags]
+    return None
+
+
 def _best_times(*products: BoundProduct) -> list[float]:
     """Each product's fastest call in ns, interleaved round by round, after two calls each
     (first touch, BLAS dispatch). The minimum, not the median: a busy machine (a shared VM, a

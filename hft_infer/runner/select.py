@@ -255,6 +255,8 @@ def _eager(cfg: Config, model, version: str, n_slots: int, depth: int, sequentia
     engine = EagerEngine(executor, policy, list(cfg.runner.buckets), store.sink_slot, reason=reason,
                          threads=cfg.runner.torch_threads)
     engine.precision = "bf16" if bf16 else "fp32"
+    if bf16:
+        engine.reason += _bf16_hardware_note()
     runtime = Runtime(model, version, store, engine, sequential, conflate, allowance)
     if bf16 and cfg.runner.self_check:
         _check_cpu_bf16(cfg, runtime, n_slots, depth)
@@ -283,3 +285,16 @@ def _check_cpu_bf16(cfg: Config, runtime: Runtime, n_slots: int, depth: int) -> 
     engine.reset()
     engine.reason += (f"; bf16 self-check against fp32: largest score difference {worst:.2g} "
                       f"(tolerance {TOLERANCE['bf16']:g})")
+
+
+def _bf16_hardware_note(cpuinfo: str | None = None) -> str:
+    """What the engine's reason says about the CPU's bf16 support (products.bf16_hardware)."""
+    from hft_infer.models.products import bf16_hardware
+
+    flags = bf16_hardware(cpuinfo)
+    if flags is None:
+        return "; bf16 hardware unknown (no /proc/cpuinfo)"
+    if flags:
+        return f"; bf16 hardware: {', '.join(flags)}"
+    return ("; WARNING: this CPU has neither AMX nor AVX512-BF16: its bf16 products are converted in "
+            "software (cpu_products = auto keeps fp32 wherever that is slower; a forced backend does not)")

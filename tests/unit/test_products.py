@@ -246,3 +246,20 @@ def test_bf16_executors_track_their_fp32_executor_step_after_step(preset, mode, 
         assert torch.isfinite(torch.from_numpy(outs["bf16"])).all()
         worst = max(worst, float(np.abs(outs["bf16"] - outs["fp32"]).max()))
     assert 0 < worst <= 1e-2
+
+
+def test_the_bf16_hardware_note_reads_the_cpu_flags():
+    from hft_infer.runner.select import _bf16_hardware_note
+
+    amx = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile\nflags : ignored\n"
+    assert P.bf16_hardware(amx) == ["amx_bf16", "avx512_bf16"]
+    assert _bf16_hardware_note(amx) == "; bf16 hardware: amx_bf16, avx512_bf16"
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+    assert P.bf16_hardware(zen3) == []
+    assert "WARNING: this CPU has neither AMX nor AVX512-BF16" in _bf16_hardware_note(zen3)
+    assert P.bf16_hardware("processor : 0\n") is None  # no flags line: unknown
+    assert "unknown" in _bf16_hardware_note("processor : 0\n")
+    # The engine says what this machine's own flags are.
+    for check in ("true", "false"):
+        runtime = _cpu_runtime('runner.precision="bf16"', 'runner.cpu_products="torch"', f"runner.self_check={check}")
+        assert _bf16_hardware_note() in runtime.engine.reason
