@@ -17,8 +17,9 @@ LATE is answered before its row is written and takes no position
 (scheduler.py, admission). verify learns which from their answers, so it needs
 `egress.publish_shed` (the default); conflating models write every row.
 
-A score differs when |live - reference| > tolerance (default: by the config's
-runner.precision, `default_tolerance`); an action differs only
+A score differs when |live - reference| > tolerance (default: what the precision
+the service reports in its Status allows, else the config's runner.precision:
+`default_tolerance`); an action differs only
 when the reference score is further than `tolerance` from a threshold (a
 float32 rounding difference at a threshold may flip the action, which is not
 a mismatch of the model).
