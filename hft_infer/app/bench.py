@@ -50,7 +50,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"json: {args.json}")
         return shards_exit_status(out, "bench")
     what = "the null service (harness floor)" if out["service"] == "null" else \
-        f"engine={out['engine']}, model={out['model_version']}"
+        f"engine={out['engine']}" + (f" ({out['precision']})" if out.get("precision") else "") + \
+        f", model={out['model_version']}"
     print_result(out, f"hft-infer bench — {out['rate_offered']:g} events/s offered, {out['rate_achieved']:,.0f} "
                       f"achieved, {what}")
     if args.json:
