@@ -56,7 +56,8 @@ KIND_TRADE = int(Kind.TRADE)
 # events in a run of batches from which the column path pays: its ~85 numpy calls cost ~100 µs
 # however few events it holds, the per-event path ~1.5-2.5 µs an event. Measured where they cross
 # (`tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,48,64,96`, dev VM, Intel Xeon,
-# 2026-12-04, BENCHMARKS.md wave 18; the H200 host's core: tools/gpu_session.sh wave18): a
+# 2026-12-04, BENCHMARKS.md wave 18; on the H200 host's core, wave 19, the conflating sweep was noisy
+# both ways and the sequential one did not finish, so 64 stands there too): a
 # sequential model's runs of 32 / 48 / 64 events cost 3.7 / 2.7 / 2.1 µs an event as columns
 # against 2.4 / 2.1 / 1.9 per event, of 96 1.7 against 1.8-1.9; a conflating model's 2.7 / 1.8 /
 # 1.5 (32 / 64 / 96) against 2.1 / 1.8-1.9 / 1.8. (32 until then, chosen on an AMD VM where the

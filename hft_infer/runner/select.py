@@ -15,6 +15,7 @@ engine's lstm_a step took ~14.6 ms at 916d9c4). What was chosen and why is retur
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hft_infer.config import Config, ConfigError
@@ -208,15 +209,24 @@ def _self_check(cfg: Config, model, version: str, n_slots: int, depth: int, sequ
     through both and leaves the engine's state and the rows zeroed. (engine s, CPU s)."""
     from hft_infer.runner.self_check import compare, time_stream
 
+    with _fp32_reference(cfg, model, version, n_slots, depth, sequential, conflate, allowance) as ref:
+        compare(engine, store, ref.engine, ref.store, n_slots=n_slots, precision=cfg.runner.precision)
+        timing = time_stream(engine, store, ref.engine, ref.store, n_slots=n_slots)
+    engine.reset()
+    return timing
+
+
+@contextmanager
+def _fp32_reference(cfg: Config, model, version: str, n_slots: int, depth: int, sequential: bool,
+                    conflate: bool, allowance: int):
+    """The start-up checks' reference (`_self_check`, `_check_cpu_bf16`): the CPU engine in fp32 on a
+    store of its own, closed on the way out."""
     ref = _eager(cfg, model, version, n_slots, depth, sequential, conflate, "self-check reference", allowance,
                  precision="fp32")
     try:
-        compare(engine, store, ref.engine, ref.store, n_slots=n_slots, precision=cfg.runner.precision)
-        timing = time_stream(engine, store, ref.engine, ref.store, n_slots=n_slots)
+        yield ref
     finally:
         ref.engine.close()
-    engine.reset()
-    return timing
 
 
 def cpu_precision(cfg: Config) -> str:
@@ -271,17 +281,15 @@ def _check_cpu_bf16(cfg: Config, runtime: Runtime, n_slots: int, depth: int) -> 
     from hft_infer.runner.base import EngineFailure
     from hft_infer.runner.self_check import TOLERANCE, compare
 
-    ref = _eager(cfg, runtime.model, runtime.model_version, n_slots, depth, runtime.sequential, runtime.conflate,
-                 "bf16 check reference", runtime.inflight_rows, precision="fp32")
     engine = runtime.engine
-    try:
-        worst = compare(engine, runtime.store, ref.engine, ref.store, n_slots=n_slots, precision="bf16")
-    except EngineFailure as e:
-        raise ConfigError(f"runner.precision = \"bf16\" on the CPU engine: {e}; run this model in fp32 "
-                          "(runner.precision = \"fp32\") or set runner.self_check = false to serve it anyway"
-                          ) from None
-    finally:
-        ref.engine.close()
+    with _fp32_reference(cfg, runtime.model, runtime.model_version, n_slots, depth, runtime.sequential,
+                         runtime.conflate, runtime.inflight_rows) as ref:
+        try:
+            worst = compare(engine, runtime.store, ref.engine, ref.store, n_slots=n_slots, precision="bf16")
+        except EngineFailure as e:
+            raise ConfigError(f"runner.precision = \"bf16\" on the CPU engine: {e}; run this model in fp32 "
+                              "(runner.precision = \"fp32\") or set runner.self_check = false to serve it anyway"
+                              ) from None
     engine.reset()
     engine.reason += (f"; bf16 self-check against fp32: largest score difference {worst:.2g} "
                       f"(tolerance {TOLERANCE['bf16']:g})")
@@ -293,7 +301,7 @@ def _bf16_hardware_note(cpuinfo: str | None = None) -> str:
 
     flags = bf16_hardware(cpuinfo)
     if flags is None:
-        return "; bf16 hardware unknown (no /proc/cpuinfo)"
+        return "; bf16 hardware unknown (no CPU flags in /proc/cpuinfo)"
     if flags:
         return f"; bf16 hardware: {', '.join(flags)}"
     return ("; WARNING: this CPU has neither AMX nor AVX512-BF16: its bf16 products are converted in "
