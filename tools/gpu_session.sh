@@ -52,6 +52,8 @@
 #                                          # 0 / 250 / 1000; py-spy of one coalescing shard at 100k/s; COLUMNS_MIN sweep
 #   tools/gpu_session.sh wave19            # a bf16 GPU service through replay --verify (the precision in its Status);
 #                                          # the CPU engine's bf16 products on this host's core
+#   tools/gpu_session.sh wave20            # issue 18 at 1M offered: lstm_a shards 1/4/10 at 100k/s each over 1,024
+#                                          # instruments, 12 at 84k/s each (more shards, each further from capacity)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -975,6 +977,14 @@ elif [ "$phase" = wave19 ]; then
        --batches 1 8 64 --no-compile --rounds 3
   summarize
   verbatim gpu_tests verify_bf16 verify_tf32 models_cpu_bf16
+elif [ "$phase" = wave20 ]; then
+  # issue 18's 1M decided/s: 8 shards at 125k/s each decided less than at 100k/s each (waves 16c/16d: eight
+  # saturated shards contend), so 1M is offered across more shards, each at or below the rate one shard keeps up
+  # with (100k/s, wave18): 10 x 100k and 12 x 84k; N = 1 and 4 at 100k/s for the 1 -> 4 efficiency, same call
+  shards_inst shards_i1024_r100000 170 1024 100000 "1 4 10" "lstm_a:10 lstm_a:1 lstm_a:4"
+  shards_inst shards_i1024_r84000 90 1024 84000 12 lstm_a:12
+  summarize
+  verbatim shards_i1024_r100000 shards_i1024_r84000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
