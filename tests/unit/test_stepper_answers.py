@@ -21,9 +21,10 @@ def make_service(tmp_path, monkeypatch):
     yield from in_process_services(tmp_path, monkeypatch, f"universe.instruments={N_SLOTS}")
 
 
-def _feed(svc: Service, slots: list[int]) -> None:
+def _feed(svc: Service, slots: list[int], stale_slots: frozenset = frozenset()) -> None:
     """A quote row for each slot (the same rows every run) and its request: seq, receive time and
-    send time chosen per slot, so that every answer column differs between slots."""
+    send time chosen per slot, so that every answer column differs between slots; the requests of
+    `stale_slots` queued stale (as the ingest queues a sequential model's late row)."""
     rng = np.random.default_rng(7)
     for slot in slots:
         book = (rng.random((10, 4)) * 10 + 100).astype(np.float32).tobytes()
@@ -32,7 +33,7 @@ def _feed(svc: Service, slots: list[int]) -> None:
         svc.store.count[slot] = svc.window
         recv = 1_000_000 + 1000 * slot
         send = 0 if slot == 2 else 1_780_000_000_000_000_000 + slot  # slot 2: no send time (no wire sample)
-        svc.sched.push(slot, svc.window - 1, 100 + slot, 0, recv, recv, send)
+        svc.sched.push(slot, svc.window - 1, 100 + slot, 0, recv, recv, send, slot in stale_slots)
 
 
 def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple], dict[str, list[int]], int]:
@@ -56,15 +57,16 @@ def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple],
     return answers, samples, len(bufs["step"].values)
 
 
-@pytest.mark.parametrize("stale", [False, True])
+@pytest.mark.parametrize("stale", [False, True, "mixed"])
 def test_a_step_of_one_answers_as_a_step_of_many(make_service, stale):
-    overrides = ['scheduler.conflate="off"'] + (["scheduler.max_age_us=1"] if stale else [])
+    overrides = ['scheduler.conflate="off"'] + (["scheduler.max_age_us=1"] if stale is True else [])
     slots = list(range(N_SLOTS))
     one = make_service(*overrides, "scheduler.max_batch=1", "runner.buckets=[1]")
     many = make_service(*overrides)
-    t_submit = 1_000_000 + 1000 * N_SLOTS + (10_000_000 if stale else 0)  # stale: 10 ms after receipt
+    t_submit = 1_000_000 + 1000 * N_SLOTS + (10_000_000 if stale is True else 0)  # stale: 10 ms after receipt
+    stale_slots = frozenset((1, 2, 4)) if stale == "mixed" else frozenset()  # 2: no send time either
     for svc in (one, many):
-        _feed(svc, slots)
+        _feed(svc, slots, stale_slots)
     got_one, samples_one, steps_one = _run(one, slots, t_submit)
     got_many, samples_many, steps_many = _run(many, slots, t_submit)
     assert steps_one == N_SLOTS and steps_many < N_SLOTS  # the two paths ran
@@ -72,10 +74,21 @@ def test_a_step_of_one_answers_as_a_step_of_many(make_service, stale):
     for a, b in zip(got_one, got_many):
         assert a[:5] == b[:5] and a[6:] == b[6:]  # instrument, seq, status, reason, action; nconf, times
         assert a[5] == pytest.approx(b[5], rel=1e-5, abs=1e-6)  # the score (batch 1 and 6 round alike)
-    assert {a[2] for a in got_one} == {int(Outcome.SHED if stale else Outcome.DECIDED)}
-    assert {a[3] for a in got_one} == {int(Reason.STALE) if stale else 0}
     assert [a[8] for a in got_one] == [1_000_000 + 1000 * s for s in slots]  # ts_recv: epoch ns less the offset
     assert samples_one == samples_many
+    if stale == "mixed":  # the stale rows shed, their decisions withheld; the others decided, with samples
+        slot_of = {inst: s for s, inst in enumerate(one.instrument_ids)}
+        assert [(a[2], a[3], a[4], a[5]) for a in got_one if slot_of[a[0]] in stale_slots] == [
+            (int(Outcome.SHED), int(Reason.STALE), 0, 0.0)] * len(stale_slots)
+        assert {a[2] for a in got_one if slot_of[a[0]] not in stale_slots} == {int(Outcome.DECIDED)}
+        fresh = [s for s in slots if s not in stale_slots]
+        assert samples_one["queue"] == sorted(t_submit - (1_000_000 + 1000 * s) for s in fresh)
+        assert samples_one["wire"] == sorted(1_000_000 + 1000 * s - (1_780_000_000_000_000_000 + s) for s in fresh)
+        assert one.acct.decided == many.acct.decided == len(fresh)
+        assert one.acct.by_reason[int(Reason.STALE)] == many.acct.by_reason[int(Reason.STALE)] == len(stale_slots)
+        return
+    assert {a[2] for a in got_one} == {int(Outcome.SHED if stale else Outcome.DECIDED)}
+    assert {a[3] for a in got_one} == {int(Reason.STALE) if stale else 0}
     if stale:  # a withheld decision records neither queue nor wire
         assert samples_one["queue"] == samples_one["wire"] == []
         assert one.acct.by_reason[int(Reason.STALE)] == many.acct.by_reason[int(Reason.STALE)] == N_SLOTS
