@@ -2,7 +2,8 @@
 
 Order of calls in the service (why each one is where it is):
 
-    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index)
+    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
+                          shards=cfg.universe.shard_count)
     ctx = zmq.Context()
     zmq_step = configure_zmq_context(ctx, plan)     # before the first socket: IO threads
                                                     # start then and keep their mask

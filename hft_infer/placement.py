@@ -67,11 +67,26 @@ def _node_of(core: int, nodes: dict[int, list[int]]) -> int | None:
     return None
 
 
+def _physical_cores_first(candidates: list[int], siblings: dict[int, frozenset[int]]) -> list[int]:
+    """`candidates` reordered so that no core comes before every physical core has one taken:
+    in order, each core whose SMT siblings are all still untaken; then the rest, in order.
+    Two busy-polling loops on the two threads of one physical core share its execution units.
+    Unchanged on a host without SMT."""
+    first: list[int] = []
+    taken: set[int] = set()
+    for c in candidates:
+        if not siblings.get(c, frozenset((c,))) & taken:
+            first.append(c)
+            taken.add(c)
+    return first + [c for c in candidates if c not in taken]
+
+
 def plan_placement(
     cpu_cfg,
     device: str,
     *,
     slot: int = 0,
+    shards: int = 1,
     sysfs_root: str = "/",
     inherited: Iterable[int] | None = None,
     gpu_pci: str | None = None,
@@ -81,7 +96,10 @@ def plan_placement(
 
     cpu_cfg: config.CpuConfig. device: runner.device (auto, cpu, cuda, cuda:N).
     slot: which candidate core `auto` takes (the shard index, so that shards on
-    one NUMA node take different isolated cores). inherited: the current
+    one NUMA node take different isolated cores). shards: how many shards take
+    `auto` slots on this host (universe.shard_count): the hot cores of slots
+    0..shards-1 are kept free of this shard's helper threads too, so that no
+    libzmq IO thread lands on another shard's busy-polling core. inherited: the current
     affinity mask (default: this thread's). gpu_pci: skip the GPU lookup.
     """
     fs = SysFs(sysfs_root)
@@ -112,6 +130,8 @@ def plan_placement(
             steps.append(Step("gpu", "skipped", how))
 
     hot: list[int] = []
+    reserved: set[int] = set()  # every shard's hot core (auto): no helper thread goes there
+    siblings: dict[int, frozenset[int]] = {}
     node: int | None = None
     if mode == "explicit":
         for core in cores_cfg:
@@ -159,14 +179,26 @@ def plan_placement(
                 candidates = sorted(inherited_set or available, reverse=True)
                 why = "no isolated cores; allowed cores, highest first"
         if candidates:
+            siblings = fs.siblings(candidates)
+            spread = _physical_cores_first(candidates, siblings)
+            listed = format_cpulist(candidates)
+            if spread != candidates:
+                why += ", one per physical core first (SMT)"
+                candidates, listed = spread, ",".join(map(str, spread))
             pick = candidates[slot % len(candidates)]
             if slot >= len(candidates):
                 warnings.append(f"slot {slot} but only {len(candidates)} candidate core(s) "
                                 f"({format_cpulist(candidates)}): shares core {pick} with another shard")
+            else:
+                shared = [(s, c) for s, c in enumerate(candidates[:slot]) if c in siblings.get(pick, ())]
+                if shared:
+                    warnings.append(f"slot {slot}'s core {pick} is an SMT sibling of slot {shared[0][0]}'s core "
+                                    f"{shared[0][1]}: two busy-polling loops share one physical core")
             hot = [pick]
+            reserved = {candidates[i % len(candidates)] for i in range(max(shards, slot + 1))}
             node = _node_of(pick, nodes) if node is None else node
-            steps.append(Step("cores", "planned",
-                              f"auto: {why}: {format_cpulist(candidates)}; slot {slot} -> core {pick}"))
+            kept = f" (shards' cores {format_cpulist(reserved)} kept free of helpers)" if len(reserved) > 1 else ""
+            steps.append(Step("cores", "planned", f"auto: {why}: {listed}; slot {slot} -> core {pick}{kept}"))
         else:
             steps.append(Step("cores", "refused", f"auto: no usable core on {where}"))
         if not isolated:
@@ -175,19 +207,31 @@ def plan_placement(
 
     helpers: list[int] = []
     if hot:
-        hot_set = set(hot)
         node_cores_all = set(nodes.get(node, [])) if node is not None else set()
+        iso = set(isolated)
+        # every shard's hot core (auto; explicit: this one's) and the SMT siblings of those stay
+        # free of helper threads while any other core is left; isolated cores (kept for hot
+        # threads) only after that; another shard's hot core only on a host with no core left
+        busy = set(hot) | reserved
+        busy_smt = busy.union(*(siblings.get(c, ()) for c in busy))
+        same_node = inherited_set & node_cores_all  # first: the IO thread copies what the hot thread reads
         tiers = [
-            # same node first: the IO thread copies the messages the hot thread reads
-            (inherited_set & node_cores_all) - hot_set - set(isolated),
-            inherited_set - hot_set - set(isolated),
-            inherited_set - hot_set,
-            set(available) - hot_set - set(isolated),
+            same_node - busy_smt - iso,
+            inherited_set - busy_smt - iso,
+            same_node - busy - iso,
+            inherited_set - busy - iso,
+            inherited_set - busy,
+            inherited_set - set(hot) - iso,
+            inherited_set - set(hot),
+            set(available) - set(hot) - iso,
         ]
         helpers = sorted(next((t for t in tiers if t), set()))
         if not helpers:
             warnings.append("no core left for helper threads: libzmq IO threads share the hot core, "
                             "which busy polling starves")
+        elif set(helpers) & (busy - set(hot)):
+            warnings.append(f"no core left for helper threads beside the {len(busy)} shards' hot cores "
+                            f"({format_cpulist(busy)}): libzmq IO threads share other shards' busy-polling cores")
     if cpu_cfg.rt_priority > 0 and hot and not set(hot) <= set(isolated):
         warnings.append(f"SCHED_FIFO {cpu_cfg.rt_priority} on a non-isolated core: a spinning FIFO thread "
                         "starves that core's kernel threads (RT throttling leaves them 5%)")

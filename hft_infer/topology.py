@@ -96,6 +96,18 @@ class SysFs:
                     out[int(m.group(1))] = parse_cpulist(text)
         return out
 
+    def siblings(self, cpus: Iterable[int]) -> dict[int, frozenset[int]]:
+        """CPU -> the logical CPUs of its physical core (its SMT siblings, itself included); a CPU
+        whose topology the kernel does not expose (or a corrupt file) counts as a core of its own."""
+        out: dict[int, frozenset[int]] = {}
+        for cpu in cpus:
+            text = self._read(f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            try:
+                out[cpu] = frozenset(parse_cpulist(text)) | {cpu} if text else frozenset((cpu,))
+            except ValueError:
+                out[cpu] = frozenset((cpu,))
+        return out
+
     def pci_numa_node(self, bdf: str) -> int | None:
         """The NUMA node of a PCI device; None when unknown (missing, or -1 on one-node hosts)."""
         text = self._read(f"sys/bus/pci/devices/{bdf}/numa_node")

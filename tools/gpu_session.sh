@@ -54,6 +54,8 @@
 #                                          # the CPU engine's bf16 products on this host's core
 #   tools/gpu_session.sh wave20            # issue 18 at 1M offered: lstm_a shards 1/4/10 at 100k/s each over 1,024
 #                                          # instruments, 12 at 84k/s each (more shards, each further from capacity)
+#   BASE_TGZ=F tools/gpu_session.sh wave21 # the host's SMT topology; 12 lstm_a shards at 84k/s each, this tree's
+#                                          # placement (helpers off every shard's hot core) against the baseline's
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -985,6 +987,25 @@ elif [ "$phase" = wave20 ]; then
   shards_inst shards_i1024_r84000 90 1024 84000 12 lstm_a:12
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r84000
+elif [ "$phase" = wave21 ]; then
+  # placement: each shard's libzmq IO (helper) threads were allowed on every core but its own hot core, i.e. on
+  # the other shards' busy-polling cores (wave20's shard 9 of 12: IO threads on 0,4-5,7-15); now every shard's hot
+  # core (and its SMT siblings) is kept free of helpers. The host's SMT topology first; then 12 lstm_a shards at
+  # 84k/s each over 1,024 instruments, this tree and BASE_TGZ's alternated twice (the call-to-call spread is large)
+  step topology 15 bash -c 'lscpu; for c in /sys/devices/system/cpu/cpu[0-9]*; do
+       echo "$(basename "$c") siblings $(cat "$c/topology/thread_siblings_list" 2>/dev/null)"; done'
+  setup_base
+  for r in 1 2; do
+    for who in new base; do
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      step "shards12_${who}_$r" 60 env PY="$py" BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 \
+           FEED_BATCH=256 DURATION=2 SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
+           EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh \
+           "$WORK/shards12_${who}_$r"
+    done
+  done
+  summarize
+  verbatim topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

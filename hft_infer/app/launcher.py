@@ -188,7 +188,8 @@ def plan_harness(cfg: Config, pacer_choice: str = "auto", collectors: int = 1,
     pool = sorted(os.sched_getaffinity(0) if pool is None else pool)
     service: list[int] = sorted(set(service_cores or []))
     if service_cores is None and cfg.cpu.cores != "none":
-        plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index, use_torch=False)
+        plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
+                              shards=cfg.universe.shard_count, use_torch=False)
         service = list(plan.hot_cores)
     free = [c for c in pool if c not in service]
     need = 1 + collectors + 1

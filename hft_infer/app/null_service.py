@@ -365,7 +365,8 @@ def serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     # the same placement as `serve` (its order and reasons: hft_infer/app/serve.py, affinity.py);
     # the GPU's PCI address is looked up without importing torch
-    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index, use_torch=False)
+    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
+                          shards=cfg.universe.shard_count, use_torch=False)
     ctx = zmq.Context()
     report = apply_placement(plan, strict=cfg.cpu.strict, steps=[configure_zmq_context(ctx, plan)])
     check_transports(cfg)

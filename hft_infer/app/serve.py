@@ -156,7 +156,8 @@ def _serve(cfg: Config, args: argparse.Namespace, run_dir: Path, log) -> int:
         # Placement first: the zmq context (and its IO thread) is made and placed
         # before the hot thread is pinned, and big buffers are allocated after the
         # pinning so that first touch lands on the hot core's NUMA node.
-        plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index)
+        plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index,
+                              shards=cfg.universe.shard_count)
         ctx = zmq.Context()
         # After every socket and the authenticator are closed: after a clean stop only the
         # egress socket's linger (the last decisions) is waited for; after a failed start

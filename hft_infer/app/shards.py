@@ -151,7 +151,8 @@ def shard_cores(shards: list[Shard]) -> list[int]:
     cores: list[int] = []
     for s in shards:
         if s.cfg.cpu.cores != "none":
-            cores += plan_placement(s.cfg.cpu, s.cfg.runner.device, slot=s.index, use_torch=False).hot_cores
+            cores += plan_placement(s.cfg.cpu, s.cfg.runner.device, slot=s.index, shards=s.count,
+                                    use_torch=False).hot_cores
     return sorted(set(cores))
 
 

@@ -142,8 +142,9 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
     # control process on the busy-polling core, which starves them.
     if cfg.cpu.cores != "none":
         online = SysFs(sysfs_root).online()
-        slot = int(shard.split("/")[0]) if shard else cfg.universe.shard_index
-        plan = plan_placement(cfg.cpu, cfg.runner.device, slot=slot, sysfs_root=sysfs_root,
+        slot, count = (map(int, shard.split("/")) if shard
+                       else (cfg.universe.shard_index, cfg.universe.shard_count))
+        plan = plan_placement(cfg.cpu, cfg.runner.device, slot=slot, shards=count, sysfs_root=sysfs_root,
                               inherited=online, gpu_pci=gpu_pci, use_torch=False)
         for step in plan.steps:
             if step.outcome == "refused":

@@ -37,13 +37,17 @@ def cpu(cores="auto", **kw):
     return CpuConfig(cores=cores, **kw)
 
 
-def make_sysfs(root: Path, *, online="0-15", isolated="", nodes=None, pci=None, cgroup=None):
-    """A fake /sys (and /proc/self/cgroup) with the files placement reads."""
+def make_sysfs(root: Path, *, online="0-15", isolated="", nodes=None, pci=None, cgroup=None, siblings=None):
+    """A fake /sys (and /proc/self/cgroup) with the files placement reads; `siblings`: cpu ->
+    its thread_siblings_list text (SMT), for the cpus given."""
     nodes = {0: "0-7", 1: "8-15"} if nodes is None else nodes
     cpu_dir = root / "sys/devices/system/cpu"
     cpu_dir.mkdir(parents=True)
     (cpu_dir / "online").write_text(online + "\n")
     (cpu_dir / "isolated").write_text(isolated + "\n")
+    for c, text in (siblings or {}).items():
+        (cpu_dir / f"cpu{c}/topology").mkdir(parents=True)
+        (cpu_dir / f"cpu{c}/topology/thread_siblings_list").write_text(text + "\n")
     for node, cpulist in nodes.items():
         d = root / f"sys/devices/system/node/node{node}"
         d.mkdir(parents=True)
@@ -111,6 +115,62 @@ def test_auto_slot_gives_shards_distinct_cores_and_warns_when_they_run_out(tmp_p
              for s in range(3)]
     assert [p.hot_cores for p in picks] == [(14,), (15,), (14,)]
     assert not picks[1].warnings and any("shares core 14" in w for w in picks[2].warnings)
+
+
+ONE_NODE = {0: "0-15"}
+
+
+def test_auto_keeps_every_shards_hot_core_free_of_helper_threads(tmp_path):
+    # before: shard 1 of 4 put its libzmq IO threads on cores 0-13, 15 -- three of them the other
+    # shards' busy-polling cores (seen on the H200 host: 12 shards, IO threads on 0,4-5,7-15)
+    root = make_sysfs(tmp_path, nodes=ONE_NODE, pci={GPU: 0})
+    plans = [plan_placement(cpu(), "cuda:0", slot=s, shards=4, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+             for s in range(4)]
+    assert [p.hot_cores for p in plans] == [(15,), (14,), (13,), (12,)]
+    assert all(p.helper_cores == tuple(range(12)) for p in plans)
+    assert any("shards' cores 12-15 kept free of helpers" in s.detail for s in plans[1].steps)
+    assert not any("busy-polling cores" in w for p in plans for w in p.warnings)
+    alone = plan_placement(cpu(), "cuda:0", slot=0, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+    assert alone.helper_cores == tuple(range(15))  # one shard: only its own core is kept free
+
+
+def test_more_shards_than_cores_share_hot_cores_with_helpers_and_say_so(tmp_path):
+    root = make_sysfs(tmp_path, online="0-3", nodes={0: "0-3"}, pci={GPU: 0})
+    p = plan_placement(cpu(), "cuda:0", slot=0, shards=4, sysfs_root=root, inherited=range(4), gpu_pci=GPU)
+    assert p.hot_cores == (3,) and p.helper_cores == (0, 1, 2)
+    assert any("share other shards' busy-polling cores" in w for w in p.warnings)
+
+
+HALVES = {c: f"{c % 8},{c % 8 + 8}" for c in range(16)}  # 8 physical cores, threads c and c + 8
+ADJACENT = {c: f"{c & ~1},{c | 1}" for c in range(16)}  # 8 physical cores, threads 2k and 2k + 1
+
+
+def test_auto_puts_shards_on_distinct_physical_cores_first(tmp_path):
+    root = make_sysfs(tmp_path / "adjacent", nodes=ONE_NODE, pci={GPU: 0}, siblings=ADJACENT)
+    plans = [plan_placement(cpu(), "cuda:0", slot=s, shards=2, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+             for s in range(9)]
+    # highest first, one thread per physical core (15, 13, ..., 1), then their siblings (14, ...)
+    assert [p.hot_cores[0] for p in plans] == [15, 13, 11, 9, 7, 5, 3, 1, 14]
+    assert not any("SMT sibling" in w for p in plans[:8] for w in p.warnings)
+    assert any("slot 8's core 14 is an SMT sibling of slot 0's core 15" in w for w in plans[8].warnings)
+    assert any("one per physical core first (SMT): 15,13,11,9,7,5,3,1,14,12" in s.detail for s in plans[0].steps)
+    # helpers: neither shard's hot core (15, 13) nor their siblings (14, 12)
+    assert plans[0].helper_cores == tuple(range(12))
+    # threads c and c + 8: highest first already spreads them (no reordering to report)
+    root = make_sysfs(tmp_path / "halves", nodes=ONE_NODE, pci={GPU: 0}, siblings=HALVES)
+    plans = [plan_placement(cpu(), "cuda:0", slot=s, shards=2, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+             for s in (0, 7, 8)]
+    assert [p.hot_cores[0] for p in plans] == [15, 8, 7]
+    assert not any("one per physical core first" in s.detail for s in plans[0].steps)
+    assert any("slot 8's core 7 is an SMT sibling of slot 0's core 15" in w for w in plans[2].warnings)
+    assert plans[0].helper_cores == (0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13)
+
+
+def test_unreadable_smt_topology_counts_each_cpu_as_its_own_core(tmp_path):
+    root = make_sysfs(tmp_path, nodes=ONE_NODE, pci={GPU: 0}, siblings={15: "garbage", 14: "6,14"})
+    plans = [plan_placement(cpu(), "cuda:0", slot=s, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+             for s in range(3)]
+    assert [p.hot_cores[0] for p in plans] == [15, 14, 13]
 
 
 def test_auto_without_isolated_core_on_gpu_node_takes_its_highest_core(tmp_path):
