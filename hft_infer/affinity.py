@@ -15,7 +15,7 @@ This module re-exports their public names (the service, `systemd-unit` and
 the tests import them from here) and previews a plan for this host without
 changing anything:
 
-    python -m hft_infer.affinity [CORES|auto|none] [DEVICE]     # e.g. auto cuda:0
+    python -m hft_infer.affinity [CORES|auto|none] [DEVICE] [I/N]   # e.g. auto cuda:0 3/8 (shard 3 of 8)
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
 def main(argv: list[str] | None = None) -> int:
     """Print the plan `cpu.cores = CORES` and `runner.device = DEVICE` would get on this host."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) > 2 or any(a in ("-h", "--help") for a in argv):
+    if len(argv) > 3 or any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     arg = argv[0] if argv else "auto"
@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         print(f"error: device {device!r}: expected auto, cpu, cuda or cuda:N", file=sys.stderr)
         return 2
-    plan = plan_placement(cfg, device)
+    shard = re.fullmatch(r"(\d+)/(\d+)", argv[2]) if len(argv) > 2 else re.fullmatch(r"(0)/(1)", "0/1")
+    if shard is None or not int(shard.group(1)) < int(shard.group(2)):
+        print(f"error: shard {argv[2]!r}: expected I/N with 0 <= I < N", file=sys.stderr)
+        return 2
+    plan = plan_placement(cfg, device, slot=int(shard.group(1)), shards=int(shard.group(2)))
     print(PlacementReport(plan, steps=list(plan.steps)).log_block())
     return 0
 

@@ -457,8 +457,16 @@ def test_preview_command_says_why_torch_gives_no_gpu_address():
         assert "sees no CUDA device" in gpu_line or "CUDA device(s), no cuda:0" in gpu_line
 
 
+def test_preview_command_places_a_shard_of_several():
+    r = subprocess.run([sys.executable, "-m", "hft_infer.affinity", "auto", "cpu", f"1/{len(ALLOWED)}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "slot 1 -> core" in r.stdout and (len(ALLOWED) < 2 or "kept free of helpers" in r.stdout)
+
+
 @pytest.mark.parametrize("args, message", [(["x"], "error: cores: bad cpulist"),
-                                           (["auto", "tpu"], "error: device 'tpu'")])
+                                           (["auto", "tpu"], "error: device 'tpu'"),
+                                           (["auto", "cpu", "2/2"], "error: shard '2/2'")])
 def test_preview_command_rejects_bad_arguments_in_one_line(args, message):
     r = subprocess.run([sys.executable, "-m", "hft_infer.affinity", *args], capture_output=True, text=True,
                        timeout=60)
