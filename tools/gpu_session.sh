@@ -55,7 +55,8 @@
 #   tools/gpu_session.sh wave20            # issue 18 at 1M offered: lstm_a shards 1/4/10 at 100k/s each over 1,024
 #                                          # instruments, 12 at 84k/s each (more shards, each further from capacity)
 #   BASE_TGZ=F tools/gpu_session.sh wave21 # the host's SMT topology; 12 lstm_a shards at 84k/s each, this tree's
-#                                          # placement (helpers off every shard's hot core) against the baseline's
+#                                          # placement (helpers off every shard's hot core) against the baseline's;
+#                                          # py-spy of one saturated lstm_a shard at 100k/s
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1004,8 +1005,13 @@ elif [ "$phase" = wave21 ]; then
            "$WORK/shards12_${who}_$r"
     done
   done
+  # where one saturated shard's loop goes (py-spy without pausing it; profile_overload.sh now waits for the
+  # service to be serving, wave18's caught its start-up)
+  step prof_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
+       "$WORK/prof_i1024_100k" 100000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
   summarize
-  verbatim topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2
+  verbatim topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2 prof_i1024_100k
+  cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -18,8 +18,11 @@ feed=${FEED_BATCH:-256}
 $PY -m hft_infer bench --rate "$rate" --duration 4 --warmup 1 "${feed_args[@]}" --run-dir "$out/run" "$@" \
     > "$out/bench.log" 2>&1 &
 bench=$!
-for _ in $(seq 1 240); do  # the feed is generated first: wait for the pacer to start sending
-  grep -q "subscriptions" "$out/run/pacer.log" 2>/dev/null && break
+# the feed is generated first, then the pacer waits for every subscription (the service ready): wait for
+# its final "N subscriptions" line -- not the "0 of N subscriptions so far" progress lines, which come
+# while the service is still starting (a profile taken then samples its weight packing, not its loop)
+for _ in $(seq 1 240); do
+  grep -Eq "pacer: [0-9]+ subscriptions$" "$out/run/pacer.log" 2>/dev/null && break
   sleep 0.5
 done
 sleep 1.5
