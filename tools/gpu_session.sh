@@ -993,6 +993,7 @@ elif [ "$phase" = wave21 ]; then
   # the other shards' busy-polling cores (wave20's shard 9 of 12: IO threads on 0,4-5,7-15); now every shard's hot
   # core (and its SMT siblings) is kept free of helpers. The host's SMT topology first; then 12 lstm_a shards at
   # 84k/s each over 1,024 instruments, this tree and BASE_TGZ's alternated twice (the call-to-call spread is large)
+  gpu_tests 150 tests/integration/test_hotpath.py tests/unit/test_affinity.py tests/unit/test_stepper_answers.py
   step topology 15 bash -c 'lscpu; for c in /sys/devices/system/cpu/cpu[0-9]*; do
        echo "$(basename "$c") siblings $(cat "$c/topology/thread_siblings_list" 2>/dev/null)"; done'
   setup_base
@@ -1010,7 +1011,7 @@ elif [ "$phase" = wave21 ]; then
   step prof_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
        "$WORK/prof_i1024_100k" 100000 3 -c configs/gpu.toml --instruments 1024 --set universe.instruments=1024
   summarize
-  verbatim topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2 prof_i1024_100k
+  verbatim gpu_tests topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2 prof_i1024_100k
   cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
