@@ -10,6 +10,12 @@ Why helper cores at all: threads inherit the affinity of the thread that
 creates them, so every helper started after the hot thread is pinned would
 share its core, and a busy-polling thread starves a libzmq IO thread that
 shares its core (p99.9 of 4 ms measured on the H200 host, see DESIGN.md).
+The same holds for another shard's hot core: under `auto`, shard I takes the
+I-th candidate core, so every shard can tell the others' hot cores and keeps
+its helpers off them (before 2026-12-05 it kept off its own only, and 12
+shards on the H200 host let their IO threads onto each other's spinning
+cores). Candidates come one per physical core before any SMT sibling: two
+spinning loops on one core's two threads share its execution units.
 """
 
 from __future__ import annotations
