@@ -43,6 +43,7 @@ from hft_infer.config import Config, expand_endpoint
 from hft_infer.egress import Egress
 from hft_infer.feed_monitor import FeedMonitor
 from hft_infer.heap import FrozenHeap
+from hft_infer.hot_thread_stats import ThreadSchedStats
 from hft_infer.ingest import Ingest
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.base import EngineFailure
@@ -108,6 +109,7 @@ class Service:
         self._stop_requested = False
         self._force = False
         self.failure = ""  # set when the engine failed: the final Status names it, serve exits non-zero
+        self.hot_thread: ThreadSchedStats | None = None  # set by run(), on the thread that runs the loop
         self._fd_future: asyncio.Future | None = None
         self.heap = FrozenHeap(enabled=cfg.cpu.gc_freeze)
         self._engine_closed = False
@@ -214,7 +216,10 @@ class Service:
     def counters(self) -> dict[str, int]:
         a = self.acct
         a.egress_dropped = self.egress.dropped if self.egress else 0
-        return a.counters(self.sched.conflated)
+        out = a.counters(self.sched.conflated)
+        if self.hot_thread is not None:  # the hot thread's preemptions since serving began
+            out.update(self.hot_thread.counters())
+        return out
 
     def status_message(self, final: bool = False):
         return self.acct.status(self.clock.epoch(perf_ns()), conflated=self.sched.conflated,
@@ -272,6 +277,7 @@ class Service:
         if done_fd is not None:  # a step on a worker thread: its end wakes the idle loop (runner/worker.py)
             loop.add_reader(done_fd, self._wake)
         self.heap.freeze()  # no-op if finish_warmup froze it already (serve passes it this heap)
+        self.hot_thread = ThreadSchedStats()  # this thread runs the loop: count its preemptions from here
         now = perf_ns()
         self._last_ship_ns = now
         self._next_ship_ns = now + cfg.metrics.stats_interval_ms * 1_000_000

@@ -36,6 +36,8 @@ COUNTERS = (
     "ingest_disconnects",  # feed connections lost by the ingest socket (then re-established)
     "overlapped",  # frames ingested while a model step was in flight
     "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us) to read in one go
+    "hot_preemptions",  # the hot thread switched out while runnable (hft_infer/hot_thread_stats.py)
+    "hot_runqueue_wait_us",  # ... and how long it waited to run again
 )
 
 # Point-in-time gauges.

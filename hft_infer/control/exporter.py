@@ -66,6 +66,9 @@ COUNTER_HELP = {
     "overlapped": "Frames ingested while a model step was in flight",
     "coalesced_reads": "Ingest bursts put off while a full batch was queued, to read the feed in one go "
                        "(ingest.coalesce_us)",
+    "hot_preemptions": "Times the kernel switched the hot (busy-polling) thread out while it could run: another "
+                       "task on its core (placement, isolcpus)",
+    "hot_runqueue_wait_us": "Microseconds the hot thread waited on its core's run queue while another task ran",
 }
 GAUGE_HELP = {
     "queue_depth": "Requests waiting in the scheduler",

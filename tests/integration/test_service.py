@@ -129,6 +129,8 @@ def test_sigterm_under_load_drains_everything():
     assert summary["stages"]["service"]["count"] == summary["stages"]["queue"]["count"] == final.decided
     assert summary["identity_holds"]
     assert summary["stages"]["wire"]["count"] == 0  # the test publisher sends ts_send_ns = 0
+    # the hot thread's preemptions, read from the kernel (hot_thread_stats.py): present and counted
+    assert summary["counters"]["hot_preemptions"] >= 0 and summary["counters"]["hot_runqueue_wait_us"] >= 0
     assert "Percentile" in hgrm and "#[Max" in hgrm  # HdrHistogram's percentile distribution format
 
 
