@@ -992,7 +992,9 @@ elif [ "$phase" = wave21 ]; then
   # placement: each shard's libzmq IO (helper) threads were allowed on every core but its own hot core, i.e. on
   # the other shards' busy-polling cores (wave20's shard 9 of 12: IO threads on 0,4-5,7-15); now every shard's hot
   # core (and its SMT siblings) is kept free of helpers. The host's SMT topology first; then 12 lstm_a shards at
-  # 84k/s each over 1,024 instruments, this tree and BASE_TGZ's alternated twice (the call-to-call spread is large)
+  # 84k/s each over 1,024 instruments, this tree and BASE_TGZ's alternated twice (the call-to-call spread is large);
+  # BASE_TGZ: this tree with placement's `reserved = set()` (helpers off the shard's own hot core only), so that
+  # both report the hot threads' preemptions (hot_preemptions, hot_runqueue_wait_us in each shard's service.json)
   gpu_tests 150 tests/integration/test_hotpath.py tests/unit/test_affinity.py tests/unit/test_stepper_answers.py
   step topology 15 bash -c 'lscpu; for c in /sys/devices/system/cpu/cpu[0-9]*; do
        echo "$(basename "$c") siblings $(cat "$c/topology/thread_siblings_list" 2>/dev/null)"; done'
