@@ -80,6 +80,8 @@ class SyntheticService:
         c["batches"] += max(1, n // 8)
         c["heartbeats"] += int(interval_ns // 1_000_000_000) or 1
         c["egress_dropped"] += int(rng.binomial(n, 1e-5))
+        c["hot_preemptions"] += (p := int(rng.poisson(0.5)))
+        c["hot_runqueue_wait_us"] += 40 * p
         self.by_reason["STALE"] += shed - (q := int(rng.binomial(shed, 0.2)))
         self.by_reason["QUEUE_FULL"] += q
         self.by_reason["DECODE_ERROR"] += rejected - (u := int(rng.binomial(rejected, 0.5)))

@@ -68,7 +68,7 @@ COUNTER_HELP = {
                        "(ingest.coalesce_us)",
     "hot_preemptions": "Times the kernel switched the hot (busy-polling) thread out while it could run: another "
                        "task on its core (placement, isolcpus)",
-    "hot_runqueue_wait_us": "Microseconds the hot thread waited on its core's run queue while another task ran",
+    "hot_runqueue_wait_us": "Time the hot thread waited on its core's run queue while another task ran",
 }
 GAUGE_HELP = {
     "queue_depth": "Requests waiting in the scheduler",
@@ -90,8 +90,8 @@ class ServiceCollector:
     def collect(self):
         agg = self.agg
         for name, value in agg.counters.items():
-            yield CounterMetricFamily(f"hft_infer_{name}", COUNTER_HELP.get(name, f"Service counter {name}"),
-                                      value=value)
+            metric, scale = metric_name(name)  # hot_runqueue_wait_us: hft_infer_hot_runqueue_wait_seconds_total
+            yield CounterMetricFamily(metric, COUNTER_HELP.get(name, f"Service counter {name}"), value=value * scale)
         reasons = CounterMetricFamily("hft_infer_shed_or_rejected",
                                       "Shed and rejected events by reason (outcome: shed or rejected)",
                                       labels=["outcome", "reason"])
@@ -99,7 +99,7 @@ class ServiceCollector:
             reasons.add_metric(["shed" if reason in SHED_REASONS else "rejected", reason], value)
         yield reasons
         for name, value in agg.gauges.items():
-            metric, scale = gauge_name(name)
+            metric, scale = metric_name(name)
             yield GaugeMetricFamily(metric, GAUGE_HELP.get(name, f"Service gauge {name}"), value=value * scale)
 
         info = agg.info
@@ -131,8 +131,9 @@ class ServiceCollector:
         yield hist
 
 
-def gauge_name(name: str) -> tuple[str, float]:
-    """Prometheus name and scale of a service gauge: base units (seconds), unit last."""
+def metric_name(name: str) -> tuple[str, float]:
+    """Prometheus name and scale of a service counter or gauge: base units (seconds), unit last
+    (a counter's `_total` is added by its family)."""
     if name.endswith("_us"):
         return f"hft_infer_{name[:-3]}_seconds", 1e-6
     if name.endswith("_ns"):

@@ -109,8 +109,9 @@ def test_names_follow_the_rules_promtool_enforces(scrape):
         assert (kind == "counter") == name.endswith("_total"), f"{name} ({kind}): counters and only they end _total"
         assert ":" not in name and name == name.lower()
     # What the service ships is all there, with the conventional names.
-    for c in COUNTERS:
-        assert exposed[f"hft_infer_{c}_total"] == "counter"
+    for c in COUNTERS:  # in base units: hot_runqueue_wait_us is hft_infer_hot_runqueue_wait_seconds_total
+        name = f"hft_infer_{c[:-3]}_seconds_total" if c.endswith("_us") else f"hft_infer_{c}_total"
+        assert exposed[name] == "counter"
     for g in GAUGES:
         name = f"hft_infer_{g[:-3]}_seconds" if g.endswith("_us") else f"hft_infer_{g}"
         assert exposed[name] == "gauge"
@@ -205,3 +206,12 @@ def test_the_grafana_expressions_are_valid_promql(tmp_path):
     path.write_text(json.dumps(rules))  # JSON is YAML
     r = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=DEADLINE_S)
     assert r.returncode == 0 and f"{len(exprs)} rules found" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_counter_kept_in_microseconds_is_exposed_in_seconds(scrape):
+    """hot_runqueue_wait_us (the snapshot's unit) scraped as seconds: the feeder adds 40 µs per preemption."""
+    _, fams = scrape
+    value = {s.name: s.value for f in fams.values() for s in f.samples}
+    preemptions = value["hft_infer_hot_preemptions_total"]
+    assert preemptions > 0
+    assert value["hft_infer_hot_runqueue_wait_seconds_total"] == pytest.approx(40e-6 * preemptions)
