@@ -207,6 +207,38 @@ def test_a_stateful_model_takes_every_quote_of_a_batch_in_order():
         b.close()
 
 
+@pytest.mark.parametrize("conflate", [True, False])
+def test_a_run_continuing_sequences_past_int64_takes_the_column_path(conflate):
+    """seq is uint64 on the wire: a run whose instruments' last seqs are past 2**63 (past int64, which
+    a numpy check of the sequences could not hold) is checked for continuity all the same and taken
+    as columns, and a run that repeats such a seq is refused, both ending as the quotes sent one
+    frame each."""
+    big = 2**63 + 5
+    n = 4 * -(-max(48, COLUMNS_MIN) // 4)
+    for repeat in (False, True):
+        a, b = (IngestRig(instruments=8, conflate=conflate, topic_frame=True, max_pending=256) for _ in range(2))
+        columns: list[int] = []
+        a.ingest._write_rows = (lambda w, seen: lambda *args: (seen.append(len(args[1])), w(*args)))(
+            a.ingest._write_rows, columns)
+        try:
+            history = [(i, big, 1.0, 0) for i in range(4)]
+            burst(a, frames_of(history))
+            burst(b, frames_of(history))
+            start = big if repeat else big + 1
+            quotes = [(i % 4, start + i // 4, float(i), 0) for i in range(n)]
+            burst(a, [batch_frame(quotes)])
+            burst(b, frames_of(quotes))
+            _compare(a, b)
+            assert columns == ([] if repeat else [n])
+            if repeat:  # each instrument's first quote repeats its last seq
+                assert a.acct.by_reason[Reason.OUT_OF_ORDER] == 4
+            else:
+                assert a.ingest.last_seq[:4] == [big + n // 4] * 4
+        finally:
+            a.close()
+            b.close()
+
+
 def _queued_requests(rig: IngestRig) -> tuple:
     """What _state does not hold of a sequential scheduler: each queued request's class, send time,
     n_conflated and deadline origin, the class FIFOs' slot order, the counters, and the answers (without the
