@@ -57,6 +57,7 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave21 # the host's SMT topology; 12 lstm_a shards at 84k/s each, this tree's
 #                                          # placement (helpers off every shard's hot core) against the baseline's;
 #                                          # py-spy of one saturated lstm_a shard at 100k/s
+#   tools/gpu_session.sh wave22            # landing: GPU tests; 12 lstm_a shards at 84k/s and 10 at 100k/s again
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1015,6 +1016,15 @@ elif [ "$phase" = wave21 ]; then
   summarize
   verbatim gpu_tests topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2 prof_i1024_100k
   cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
+elif [ "$phase" = wave22 ]; then
+  # the eighteenth session's landing check: the GPU engine and hot-path tests and the metrics' names; issue 18's
+  # 1M offered again (12 x 84k/s, 10 x 100k/s over 1,024 instruments): another sample of this host's spread
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+       tests/integration/test_metrics_names.py tests/unit/test_hot_thread_stats.py tests/unit/test_affinity.py
+  shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
+  shards_inst shards_i1024_r100000 60 1024 100000 10 lstm_a:10
+  summarize
+  verbatim gpu_tests shards_i1024_r84000 shards_i1024_r100000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
