@@ -1017,10 +1017,10 @@ elif [ "$phase" = wave21 ]; then
   verbatim gpu_tests topology shards12_new_1 shards12_base_1 shards12_new_2 shards12_base_2 prof_i1024_100k
   cp -f "$WORK/prof_i1024_100k/spy_top.txt" "$OUT/prof_i1024_100k_spy_top.txt" 2>/dev/null
 elif [ "$phase" = wave22 ]; then
-  # the eighteenth session's landing check: the GPU engine and hot-path tests and the metrics' names; issue 18's
+  # the eighteenth session's landing check: the GPU engine and hot-path tests, placement, the hot thread's counters; issue 18's
   # 1M offered again (12 x 84k/s, 10 x 100k/s over 1,024 instruments): another sample of this host's spread
   gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
-       tests/integration/test_metrics_names.py tests/unit/test_hot_thread_stats.py tests/unit/test_affinity.py
+       tests/unit/test_hot_thread_stats.py tests/unit/test_affinity.py
   shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
   shards_inst shards_i1024_r100000 60 1024 100000 10 lstm_a:10
   summarize
