@@ -280,6 +280,8 @@ class MetricsConfig(_Section):
     """HDR precision (3: values within 0.1 %)."""
     control_endpoint: str = "ipc://{runtime_dir}/{name}-control.sock"
     """Where the hot loop ships interval histograms and counters (PUSH, NOBLOCK)."""
+    stall_us: PosInt = 250
+    """A loop iteration longer than this counts as a stall (counter `stalls`), its time split by phase into `stall_<phase>_us` (hft_infer/loop_stalls.py)."""
 
 
 class ControlConfig(_Section):

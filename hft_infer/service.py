@@ -45,6 +45,7 @@ from hft_infer.feed_monitor import FeedMonitor
 from hft_infer.heap import FrozenHeap
 from hft_infer.hot_thread_stats import ThreadSchedStats
 from hft_infer.ingest import Ingest
+from hft_infer.loop_stalls import LoopStalls
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.select import build_runtime
@@ -110,6 +111,7 @@ class Service:
         self._force = False
         self.failure = ""  # set when the engine failed: the final Status names it, serve exits non-zero
         self.hot_thread: ThreadSchedStats | None = None  # set by run(), on the thread that runs the loop
+        self.stalls = LoopStalls(cfg.metrics.stall_us * 1000)  # the phases of the loop's long iterations
         self._fd_future: asyncio.Future | None = None
         self.heap = FrozenHeap(enabled=cfg.cpu.gc_freeze)
         self._engine_closed = False
@@ -217,6 +219,7 @@ class Service:
         a = self.acct
         a.egress_dropped = self.egress.dropped if self.egress else 0
         out = a.counters(self.sched.conflated)
+        out.update(self.stalls.counters())
         if self.hot_thread is not None:  # the hot thread's preemptions since serving began
             out.update(self.hot_thread.counters())
         return out
@@ -313,8 +316,15 @@ class Service:
         last_yield = last_work = last_iter = perf_ns()
         gap_max = 0
         gap_window_end = last_iter + GAP_WINDOW_NS
+        # the previous iteration's phase boundaries (loop_stalls.py); p_start 0: nothing to judge
+        stalls = self.stalls
+        stall_ns = stalls.threshold_ns
+        p_start = p_ingest = p_complete = p_submit = p_end = 0
         while not self._stop_requested:
             now = perf_ns()
+            if p_start and now - p_start > stall_ns:
+                stalls.record(p_ingest - p_start, p_complete - p_ingest, p_submit - p_complete, p_end - p_submit,
+                              now - p_end)
             gap = now - last_iter
             last_iter = now
             if gap > gap_max:
@@ -324,25 +334,30 @@ class Service:
                 gap_max = 0
                 gap_window_end = now + GAP_WINDOW_NS
             worked = step.ingest(now) if step.feed_due(now) else 0
+            t_ingest = perf_ns()
             if step.inflight and engine.poll():
                 step.complete()
                 # decisions out before the next submit, which gathers, stages and replays a graph
                 # (~tens of µs on the H200 host: measured as the publish stage when it came first)
                 step.flush()
                 worked += 1
+            t_complete = perf_ns()
             if engine.can_submit and sched.queued_slots:
                 worked += step.submit()
+            t_submit = perf_ns()
             step.flush()
             self._housekeeping(now)
             if worked:
                 last_work = now
                 if stages.pressure():  # a buffer is filling: fold a bounded chunk even when busy
                     stages.fold_some()
+                p_start, p_ingest, p_complete, p_submit, p_end = now, t_ingest, t_complete, t_submit, perf_ns()
                 continue
             # idle: fold one stage, once it holds a chunk's worth (each fold's cost is mostly fixed),
             # but not while a step is in flight: a fold (~40-300 µs) would delay collecting it
             if not step.inflight and not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
+            p_start, p_ingest, p_complete, p_submit, p_end = now, t_ingest, t_complete, t_submit, perf_ns()
             if step.inflight:
                 spin = not sleep_in_flight
             else:
@@ -354,6 +369,7 @@ class Service:
                 continue
             await self._wait_readable(now)
             last_yield = last_work = last_iter = perf_ns()
+            p_start = 0  # a sleep on the socket at idle is not a stall
 
     async def _wait_readable(self, now: int) -> None:
         """Sleep until the ingest socket may have input, a batch falls due, or housekeeping."""

@@ -38,6 +38,8 @@ COUNTERS = (
     "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us) to read in one go
     "hot_preemptions",  # the hot thread switched out while runnable (hft_infer/hot_thread_stats.py)
     "hot_runqueue_wait_us",  # ... and how long it waited to run again
+    # the loop's iterations past 250 µs and the time each phase took in them (hft_infer/loop_stalls.py)
+    "stalls", "stall_ingest_us", "stall_complete_us", "stall_submit_us", "stall_other_us", "stall_yield_us",
 )
 
 # Point-in-time gauges.

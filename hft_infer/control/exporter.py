@@ -69,6 +69,13 @@ COUNTER_HELP = {
     "hot_preemptions": "Times the kernel switched the hot (busy-polling) thread out while it could run: another "
                        "task on its core (placement, isolcpus)",
     "hot_runqueue_wait_us": "Time the hot thread waited on its core's run queue while another task ran",
+    "stalls": "Loop iterations longer than metrics.stall_us (250 us by default); stall_<phase> says where their "
+              "time went",
+    "stall_ingest_us": "Time the loop's stalled iterations spent reading the feed",
+    "stall_complete_us": "Time the loop's stalled iterations spent collecting and answering a step",
+    "stall_submit_us": "Time the loop's stalled iterations spent forming and launching a step (a CPU step runs here)",
+    "stall_other_us": "Time the loop's stalled iterations spent flushing answers, in housekeeping and folding",
+    "stall_yield_us": "Time the loop's stalled iterations spent yielding to asyncio (timers, signals)",
 }
 GAUGE_HELP = {
     "queue_depth": "Requests waiting in the scheduler",

@@ -134,6 +134,21 @@ def test_sigterm_under_load_drains_everything():
     assert "Percentile" in hgrm and "#[Max" in hgrm  # HdrHistogram's percentile distribution format
 
 
+def test_stalls_are_split_by_the_phase_that_took_them():
+    """metrics.stall_us = 1: every working iteration is a stall, so the counters must hold the
+    service's own phases: the CPU engine steps inside submit, the feed is read in ingest, and the
+    phases of each stall add up to at least the threshold."""
+    with ServiceUnderTest([*TEST_MODEL, "metrics.stall_us=1"]) as svc:
+        svc.start()
+        svc.send_quotes([(i % 16, i // 16) for i in range(800)])
+        final = svc.stop()
+        counters = svc.summary()["counters"]
+    assert final.decided > 0 and _identity(final)
+    phases = [counters[f"stall_{p}_us"] for p in ("ingest", "complete", "submit", "other", "yield")]
+    assert counters["stalls"] > 0 and counters["stall_submit_us"] > 0 and counters["stall_ingest_us"] > 0, counters
+    assert sum(phases) >= counters["stalls"] - 5, counters  # each phase's sum is truncated to whole µs
+
+
 def test_stream_lstm_decides_every_event_in_order():
     overrides = ["model.checkpoint=\"\"", "model.preset=\"lstm_a\"", "model.mode=\"stream\""]
     with ServiceUnderTest(overrides) as svc:
