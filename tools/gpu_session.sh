@@ -58,6 +58,7 @@
 #                                          # placement (helpers off every shard's hot core) against the baseline's;
 #                                          # py-spy of one saturated lstm_a shard at 100k/s
 #   tools/gpu_session.sh wave22            # landing: GPU tests; 12 lstm_a shards at 84k/s and 10 at 100k/s again
+#   tools/gpu_session.sh wave23            # where the saturated loop's stalls go (stall counters): 1 and 12 lstm_a shards
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1025,6 +1026,13 @@ elif [ "$phase" = wave22 ]; then
   shards_inst shards_i1024_r100000 60 1024 100000 10 lstm_a:10
   summarize
   verbatim gpu_tests shards_i1024_r84000 shards_i1024_r100000
+elif [ "$phase" = wave23 ]; then
+  # the stall counters (hft_infer/loop_stalls.py) of saturated lstm_a shards: which phase the ~1.4 ms loop_gap
+  # stalls of waves 20-22 come from (each shard's service.json: stalls, stall_<phase>_us)
+  shards_inst shards_i1024_r100000 55 1024 100000 1 lstm_a:1
+  shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
+  summarize
+  verbatim shards_i1024_r100000 shards_i1024_r84000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
