@@ -1030,7 +1030,7 @@ elif [ "$phase" = wave23 ]; then
   # the stall counters (hft_infer/loop_stalls.py) of saturated lstm_a shards: which phase the ~1.4 ms loop_gap
   # stalls of waves 20-22 come from (each shard's service.json: stalls, stall_<phase>_us)
   shards_inst shards_i1024_r100000 55 1024 100000 1 lstm_a:1
-  shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
+  [ "${WAVE23_SHARDS12:-1}" = 1 ] && shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r84000
 elif [ "$phase" = smoke ]; then
