@@ -49,4 +49,19 @@ class LoopStalls:
         return out
 
 
-__all__ = ["PHASES", "STALL_NS", "LoopStalls"]
+# what `bench` reads back from the service's snapshots (with hot_thread_stats.py's two)
+LOOP_COUNTERS = ("stalls", *(f"stall_{p}_us" for p in PHASES), "hot_preemptions", "hot_runqueue_wait_us")
+
+
+def loop_line(loop: dict | None, who: str = "the service") -> str:
+    """One line of `bench` output: the loop's stalls and where their time went, and the hot thread's
+    preemptions, over the measured intervals (`loop`: LOOP_COUNTERS' growth and `span_s`)."""
+    if not loop:
+        return f"loop: - ({who}: no stats interval inside the measured feed)"
+    phases = ", ".join(f"{p} {loop[f'stall_{p}_us'] / 1000:,.1f}" for p in PHASES)
+    return (f"loop ({who}, {loop['span_s']:.1f} s measured): {loop['stalls']:,} iterations past metrics.stall_us, "
+            f"their ms by phase: {phases}; hot thread preempted {loop['hot_preemptions']:,} times, "
+            f"{loop['hot_runqueue_wait_us'] / 1000:,.1f} ms waiting to run")
+
+
+__all__ = ["LOOP_COUNTERS", "PHASES", "STALL_NS", "LoopStalls", "loop_line"]

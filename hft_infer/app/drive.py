@@ -44,6 +44,7 @@ from hft_infer.channels import check_transports, decisions_address, feed_address
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.config import Config, expand_endpoint, to_toml_dict
 from hft_infer.errors import UserError
+from hft_infer.loop_stalls import LOOP_COUNTERS, loop_line
 from hft_infer.metrics import (
     SERVICE_STAGES,
     TICK_TO_DECISION,
@@ -108,19 +109,33 @@ class StatsReceiver:
         if len(load.offsets_ns):
             self.measure_until_ns = epoch(start_ns + int(load.offsets_ns[-1]))
 
-    def counter_rate(self, name: str) -> float | None:
-        """A cumulative counter's rate (per s) over the snapshot intervals that lie wholly inside
-        the measured feed [measure_after_ns, measure_until_ns] (neither warm-up nor the drain after
-        the feed); None when no interval does (a run shorter than two of metrics.stats_interval_ms)."""
+    def counter_deltas(self, names) -> tuple[dict[str, int], int]:
+        """How much each cumulative counter of `names` grew over the snapshot intervals that lie
+        wholly inside the measured feed [measure_after_ns, measure_until_ns] (neither warm-up nor
+        the drain after the feed), and those intervals' span in ns (0: none does, a run shorter
+        than two of metrics.stats_interval_ms)."""
         lo, hi = self.measure_after_ns or 0, self.measure_until_ns
-        prev, total, span_ns = None, 0, 0
+        prev, totals, span_ns = None, dict.fromkeys(names, 0), 0
         for s in self.snapshots:
-            value = s.counters.get(name, 0)
             if prev is not None and s.ts_ns - s.interval_ns >= lo and (hi is None or s.ts_ns <= hi):
-                total += value - prev
+                for name in names:
+                    totals[name] += s.counters.get(name, 0) - prev.counters.get(name, 0)
                 span_ns += s.interval_ns
-            prev = value
-        return total / (span_ns / 1e9) if span_ns > 0 else None
+            prev = s
+        return totals, span_ns
+
+    def counter_rate(self, name: str) -> float | None:
+        """A cumulative counter's rate (per s) over the measured intervals (counter_deltas); None
+        when there are none."""
+        totals, span_ns = self.counter_deltas((name,))
+        return totals[name] / (span_ns / 1e9) if span_ns > 0 else None
+
+    def loop_health(self) -> dict | None:
+        """The loop's stalls by phase and the hot thread's preemptions over the measured intervals
+        (hft_infer/loop_stalls.py, hot_thread_stats.py), with the span they cover; None when no
+        interval lies inside the feed."""
+        totals, span_ns = self.counter_deltas(LOOP_COUNTERS)
+        return dict(totals, span_s=span_ns / 1e9) if span_ns > 0 else None
 
 
 @dataclass
@@ -370,6 +385,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "accounting": result.accounting,
         "busiest_instrument": busiest_instrument(load.events["instrument"][:sent], elapsed_s),
         "steps_per_s": stats.counter_rate("batches") if stats is not None else None,
+        "loop": stats.loop_health() if stats is not None else None,
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
                          f"warm-up events",
@@ -501,6 +517,7 @@ def result_table(out: dict, title: str) -> str:
              + (f"; feed: up to {h['feed_batch']} due events per EventBatch frame"
                 if h.get("feed_batch", 1) > 1 else "; feed: one event per frame") + f"; {h['reason']}",
              feed_line(out),
+             *([loop_line(out.get("loop"))] if out.get("service") != "null" else []),
              f"accounting (all {acc['sent']:,} events sent, the {out['warmup_events']:,} warm-up events included; "
              f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
                                                               for k, v in acc.items())]

@@ -335,6 +335,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "accounting": res.accounting, "decided_per_s": res.accounting["decided"] / elapsed_s if elapsed_s else 0.0,
             "busiest_instrument": busiest_instrument(inst[idx], elapsed_s),
             "steps_per_s": st.counter_rate("batches") if st is not None else None,
+            "loop": st.loop_health() if st is not None else None,
             "duplicates": res.duplicates, "unmatched_decisions": res.unmatched,
             "service_exit_code": svc.proc.returncode, "service_cores_seen": cores_seen,
             "run_dir": str(run_dir / f"shard{s.index}")})
@@ -361,6 +362,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
       | (extra or {})
     steps = [p["steps_per_s"] for p in per_shard]
     out["aggregate"]["steps_per_s"] = None if None in steps else sum(steps)
+    loops = [p["loop"] for p in per_shard]  # summed (span_s: the shards' measured seconds, added)
+    out["aggregate"]["loop"] = None if None in loops else {k: sum(lp[k] for lp in loops) for k in loops[0]}
     out["aggregate"]["busiest_instrument"] = busiest_instrument(inst, elapsed_s)
     merged = out["aggregate"].pop("_tick_histogram")
     if merged.get_total_count():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from hft_infer.loop_stalls import loop_line
 from hft_infer.metrics import TICK_TO_DECISION
 
 _COLUMNS = (
@@ -73,6 +74,8 @@ def shards_table(out: dict, title: str) -> str:
              + (f"up to {h['feed_batch']} due events per EventBatch frame, one frame per shard"
                 if h.get("feed_batch", 1) > 1 else "one event per frame") + f"; {h['reason']}",
              pacer_line(out)]
+    if out.get("service") != "null":
+        lines.append(loop_line(agg.get("loop"), f"all {out['shards']} shards, summed"))
     return "\n".join(lines)
 
 

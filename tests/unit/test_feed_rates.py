@@ -1,6 +1,7 @@
 """What bench and replay report beside the accounting: the busiest instrument's events/s
-(replay.events.busiest_instrument) and the service's steps/s from its interval snapshots
-(drive.StatsReceiver.counter_rate, fed over a real PUSH/PULL pair)."""
+(replay.events.busiest_instrument), the service's steps/s and its loop's stalls and preemptions
+from its interval snapshots (drive.StatsReceiver.counter_rate / loop_health, fed over a real
+PUSH/PULL pair)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import zmq
 
 from hft_infer.app.drive import Load, StatsReceiver
 from hft_infer.clock import EpochClock, perf_ns
+from hft_infer.loop_stalls import loop_line
 from hft_infer.replay.events import busiest_instrument
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
@@ -24,9 +26,14 @@ def test_the_busiest_instrument_is_the_one_with_most_events():
 
 
 def snapshot(end_ns: int, interval_ns: int, batches: int) -> Snapshot:
+    # the loop's counters grow with batches: stalls a tenth of them, 300 µs each, all in submit; one
+    # preemption of 50 µs per 100 batches
+    loop = {"stalls": batches // 10, "stall_ingest_us": 0, "stall_complete_us": 0, "stall_submit_us": batches * 30,
+            "stall_other_us": 0, "stall_yield_us": 0, "hot_preemptions": batches // 100,
+            "hot_runqueue_wait_us": batches // 2}
     return Snapshot(service="t", pid=1, ts_ns=end_ns, interval_ns=interval_ns, engine="eager", engine_reason="",
-                    model_version="m", counters={"batches": batches}, rejected_by_reason={}, gauges={}, stages={},
-                    histogram_highest_ns=10**9, histogram_digits=3)
+                    model_version="m", counters={"batches": batches, **loop}, rejected_by_reason={}, gauges={},
+                    stages={}, histogram_highest_ns=10**9, histogram_digits=3)
 
 
 def test_steps_per_second_counts_only_intervals_wholly_inside_the_measured_feed(tmp_path):
@@ -55,8 +62,16 @@ def test_steps_per_second_counts_only_intervals_wholly_inside_the_measured_feed(
         assert len(recv.snapshots) == 5
         # (3,300 - 2,000) steps over the two inner intervals, 0.4 s
         assert recv.counter_rate("batches") == 1_300 / 0.4
+        # the loop's stalls and preemptions over the same intervals, and bench's line of them
+        loop = recv.loop_health()
+        assert loop == {"stalls": 130, "stall_ingest_us": 0, "stall_complete_us": 0, "stall_submit_us": 39_000,
+                        "stall_other_us": 0, "stall_yield_us": 0, "hot_preemptions": 13, "hot_runqueue_wait_us": 650,
+                        "span_s": 0.4}
+        line = loop_line(loop)
+        assert "130 iterations past metrics.stall_us" in line and "submit 39.0" in line and "13 times" in line
         recv.measure_until_ns = t0 + 500 * ms  # no interval wholly inside any more
-        assert recv.counter_rate("batches") is None
+        assert recv.counter_rate("batches") is None and recv.loop_health() is None
+        assert loop_line(None).startswith("loop: -")
     finally:
         push.close(0)
         recv.sock.close(0)
