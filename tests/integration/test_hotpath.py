@@ -89,7 +89,9 @@ def test_the_loop_sleeps_instead_of_spinning_while_the_workers_step_runs():
     assert final.received == n and _identity(final) and final.decided > 0
     loop_s, step_s = after["main"] - before["main"], after["hft-infer-step"] - before["hft-infer-step"]
     assert step_s >= 0.1, (loop_s, step_s)  # the worker stepped long enough to compare against
-    assert loop_s < step_s / 2, (loop_s, step_s)
+    # sleeping, the loop spends ~0.35x the worker's CPU on the dev VM (0.20 / 0.61 s, this tree and
+    # dd63f2e alike) and 0.61x in one busy CI run; spinning, at least 1x
+    assert loop_s < step_s * 0.8, (loop_s, step_s)
 
 
 @pytest.mark.gpu
