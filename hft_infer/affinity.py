@@ -36,14 +36,15 @@ from hft_infer.pinning import (
     set_rt_priority,
     zmq_io_affinity,
 )
-from hft_infer.placement import Outcome, PlacementPlan, Step, plan_placement
+from hft_infer.placement import Outcome, PlacementPlan, Step, plan_for_config, plan_placement
 from hft_infer.placement_report import PlacementReport
 from hft_infer.topology import SysFs, format_cpulist, gpu_pci_address, parse_cpulist
 
 __all__ = [
     "Outcome", "PlacementPlan", "PlacementReport", "Step", "SysFs", "apply_placement", "configure_zmq_context",
     "confine_process", "confine_threads", "current_placement", "finish_warmup", "format_cpulist", "freeze_gc",
-    "gpu_pci_address", "lock_memory", "parse_cpulist", "plan_placement", "set_rt_priority", "zmq_io_affinity",
+    "gpu_pci_address", "lock_memory", "parse_cpulist", "plan_for_config", "plan_placement", "set_rt_priority",
+    "zmq_io_affinity",
 ]
 
 
@@ -64,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         print(f"error: device {device!r}: expected auto, cpu, cuda or cuda:N", file=sys.stderr)
         return 2
-    shard = re.fullmatch(r"(\d+)/(\d+)", argv[2]) if len(argv) > 2 else re.fullmatch(r"(0)/(1)", "0/1")
-    if shard is None or not int(shard.group(1)) < int(shard.group(2)):
-        print(f"error: shard {argv[2]!r}: expected I/N with 0 <= I < N", file=sys.stderr)
-        return 2
-    plan = plan_placement(cfg, device, slot=int(shard.group(1)), shards=int(shard.group(2)))
+    slot, shards = 0, 1
+    if len(argv) > 2:
+        m = re.fullmatch(r"(\d+)/(\d+)", argv[2])
+        if m is None or not int(m.group(1)) < int(m.group(2)):
+            print(f"error: shard {argv[2]!r}: expected I/N with 0 <= I < N", file=sys.stderr)
+            return 2
+        slot, shards = int(m.group(1)), int(m.group(2))
+    plan = plan_placement(cfg, device, slot=slot, shards=shards)
     print(PlacementReport(plan, steps=list(plan.steps)).log_block())
     return 0
 

@@ -16,10 +16,11 @@ to the thread:
 
 `ThreadSchedStats` reads both for the thread that creates it (the service
 creates it on the hot thread when it starts serving) and reports them since
-then as the counters `hot_preemptions` and `hot_runqueue_wait_us` (Status
-snapshots, service.json; in `/metrics` the latter in seconds). Two small procfs reads per call: the
-service calls it once per status and per snapshot (about twice a second),
-never per event. A kernel without these files (or without schedstats) gives
+then as the counters `hot_preemptions` and `hot_runqueue_wait_us` (the
+stats snapshots to the control process, service.json; in `/metrics` the
+latter in seconds). Two small procfs reads per call: the service calls it
+once per snapshot (metrics.stats_interval_ms, 1 s by default) and for its
+final summary, never per event. A kernel without these files (or without schedstats) gives
 no counters rather than zeros.
 """
 

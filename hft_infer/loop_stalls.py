@@ -13,7 +13,7 @@ costs one comparison.
 
 For the stalled iterations it keeps: how many (`stalls`), and the time each
 phase took in them, summed (`stall_<phase>_us`). Cumulative counters, in
-Status snapshots, `/metrics` (as seconds) and service.json: the phase whose
+the stats snapshots, `/metrics` (as seconds) and service.json: the phase whose
 sum grows with `stalls` is the one to look at. The yield after an iteration
 counts with it when the loop spins (busy polling, or a step in flight); a
 sleep on the socket at idle is not a stall and is not counted.
@@ -22,13 +22,14 @@ sleep on the socket at idle is not a stall and is not counted.
 from __future__ import annotations
 
 PHASES = ("ingest", "complete", "submit", "other", "yield")
-STALL_NS = 250_000  # metrics.stall_us's default: an iteration this long delays the next look by a GPU step's time
 
 
 class LoopStalls:
     __slots__ = ("threshold_ns", "count", "spent_ns")
 
-    def __init__(self, threshold_ns: int = STALL_NS) -> None:
+    def __init__(self, threshold_ns: int) -> None:
+        """`threshold_ns`: metrics.stall_us in ns (250 µs by default: an iteration that long delays the
+        next look at the feed and the step by about a GPU step's time)."""
         self.threshold_ns = threshold_ns
         self.count = 0
         self.spent_ns = [0] * len(PHASES)
@@ -64,4 +65,4 @@ def loop_line(loop: dict | None, who: str = "the service") -> str:
             f"{loop['hot_runqueue_wait_us'] / 1000:,.1f} ms waiting to run")
 
 
-__all__ = ["LOOP_COUNTERS", "PHASES", "STALL_NS", "LoopStalls", "loop_line"]
+__all__ = ["LOOP_COUNTERS", "PHASES", "LoopStalls", "loop_line"]

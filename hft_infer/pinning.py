@@ -2,8 +2,7 @@
 
 Order of calls in the service (why each one is where it is):
 
-    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
-                          shards=cfg.universe.shard_count)
+    plan = plan_for_config(cfg, cfg.runner.device)   # plan_placement with the config's shard
     ctx = zmq.Context()
     zmq_step = configure_zmq_context(ctx, plan)     # before the first socket: IO threads
                                                     # start then and keep their mask

@@ -251,4 +251,11 @@ def plan_placement(
         gc_freeze=getattr(cpu_cfg, "gc_freeze", True), steps=tuple(steps), warnings=tuple(warnings))
 
 
-__all__ = ["Outcome", "PlacementPlan", "Step", "plan_placement"]
+def plan_for_config(cfg, device: str, **kwargs) -> PlacementPlan:
+    """`plan_placement` for a service's config: its `[cpu]`, and its shard (universe.shard_index of
+    universe.shard_count) as the slot among the shards on this host. `kwargs`: plan_placement's."""
+    return plan_placement(cfg.cpu, device, slot=cfg.universe.shard_index, shards=cfg.universe.shard_count,
+                          **kwargs)
+
+
+__all__ = ["Outcome", "PlacementPlan", "Step", "plan_for_config", "plan_placement"]

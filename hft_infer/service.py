@@ -347,17 +347,18 @@ class Service:
             t_submit = perf_ns()
             step.flush()
             self._housekeeping(now)
+            p_start, p_ingest, p_complete, p_submit = now, t_ingest, t_complete, t_submit
             if worked:
                 last_work = now
                 if stages.pressure():  # a buffer is filling: fold a bounded chunk even when busy
                     stages.fold_some()
-                p_start, p_ingest, p_complete, p_submit, p_end = now, t_ingest, t_complete, t_submit, perf_ns()
+                p_end = perf_ns()
                 continue
             # idle: fold one stage, once it holds a chunk's worth (each fold's cost is mostly fixed),
             # but not while a step is in flight: a fold (~40-300 µs) would delay collecting it
             if not step.inflight and not stages.fold_one(idle_fold_min) and sched.adaptive is not None:
                 sched.adaptive.update(self.acct.received, now)
-            p_start, p_ingest, p_complete, p_submit, p_end = now, t_ingest, t_complete, t_submit, perf_ns()
+            p_end = perf_ns()
             if step.inflight:
                 spin = not sleep_in_flight
             else:

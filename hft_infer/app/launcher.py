@@ -23,7 +23,7 @@ from pathlib import Path
 
 import zmq
 
-from hft_infer.affinity import SysFs, format_cpulist, plan_placement
+from hft_infer.affinity import SysFs, format_cpulist, plan_for_config
 from hft_infer.clock import perf_ns
 from hft_infer.config import Config
 from hft_infer.errors import UserError
@@ -188,8 +188,7 @@ def plan_harness(cfg: Config, pacer_choice: str = "auto", collectors: int = 1,
     pool = sorted(os.sched_getaffinity(0) if pool is None else pool)
     service: list[int] = sorted(set(service_cores or []))
     if service_cores is None and cfg.cpu.cores != "none":
-        plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
-                              shards=cfg.universe.shard_count, use_torch=False)
+        plan = plan_for_config(cfg, cfg.runner.device, use_torch=False)
         service = list(plan.hot_cores)
     free = [c for c in pool if c not in service]
     need = 1 + collectors + 1

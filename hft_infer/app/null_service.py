@@ -49,7 +49,7 @@ import numpy as np
 import zmq
 
 from hft_infer import channels
-from hft_infer.affinity import apply_placement, configure_zmq_context, finish_warmup, plan_placement
+from hft_infer.affinity import apply_placement, configure_zmq_context, finish_warmup, plan_for_config
 from hft_infer.channels import check_transports
 from hft_infer.clock import perf_ns
 from hft_infer.config import Config, ConfigError, load_config
@@ -365,8 +365,7 @@ def serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     # the same placement as `serve` (its order and reasons: hft_infer/app/serve.py, affinity.py);
     # the GPU's PCI address is looked up without importing torch
-    plan = plan_placement(cfg.cpu, cfg.runner.device, slot=cfg.universe.shard_index,
-                          shards=cfg.universe.shard_count, use_torch=False)
+    plan = plan_for_config(cfg, cfg.runner.device, use_torch=False)
     ctx = zmq.Context()
     report = apply_placement(plan, strict=cfg.cpu.strict, steps=[configure_zmq_context(ctx, plan)])
     check_transports(cfg)

@@ -33,7 +33,7 @@ from hft_infer.affinity import (
     configure_zmq_context,
     confine_process,
     finish_warmup,
-    plan_placement,
+    plan_for_config,
 )
 from hft_infer.channels import check_transports
 from hft_infer.config import Config, ConfigError, load_config, to_toml_dict
@@ -156,8 +156,7 @@ def _serve(cfg: Config, args: argparse.Namespace, run_dir: Path, log) -> int:
         # Placement first: the zmq context (and its IO thread) is made and placed
         # before the hot thread is pinned, and big buffers are allocated after the
         # pinning so that first touch lands on the hot core's NUMA node.
-        plan = plan_placement(cfg.cpu, resolve_device(cfg), slot=cfg.universe.shard_index,
-                              shards=cfg.universe.shard_count)
+        plan = plan_for_config(cfg, resolve_device(cfg))
         ctx = zmq.Context()
         # After every socket and the authenticator are closed: after a clean stop only the
         # egress socket's linger (the last decisions) is waited for; after a failed start

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from hft_infer.affinity import plan_placement
+from hft_infer.affinity import plan_for_config
 from hft_infer.app.drive import (
     START_LEAD_NS,
     HarnessOptions,
@@ -151,8 +151,7 @@ def shard_cores(shards: list[Shard]) -> list[int]:
     cores: list[int] = []
     for s in shards:
         if s.cfg.cpu.cores != "none":
-            cores += plan_placement(s.cfg.cpu, s.cfg.runner.device, slot=s.index, shards=s.count,
-                                    use_torch=False).hot_cores
+            cores += plan_for_config(s.cfg, s.cfg.runner.device, use_torch=False).hot_cores
     return sorted(set(cores))
 
 
@@ -362,8 +361,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
       | (extra or {})
     steps = [p["steps_per_s"] for p in per_shard]
     out["aggregate"]["steps_per_s"] = None if None in steps else sum(steps)
-    loops = [p["loop"] for p in per_shard]  # summed (span_s: the shards' measured seconds, added)
-    out["aggregate"]["loop"] = None if None in loops else {k: sum(lp[k] for lp in loops) for k in loops[0]}
+    loops = [p["loop"] for p in per_shard]  # counters summed; span_s: the run's measured seconds (the longest)
+    out["aggregate"]["loop"] = None if None in loops else {
+        k: (max if k == "span_s" else sum)(lp[k] for lp in loops) for k in loops[0]}
     out["aggregate"]["busiest_instrument"] = busiest_instrument(inst, elapsed_s)
     merged = out["aggregate"].pop("_tick_histogram")
     if merged.get_total_count():
