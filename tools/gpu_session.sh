@@ -59,6 +59,8 @@
 #                                          # py-spy of one saturated lstm_a shard at 100k/s
 #   tools/gpu_session.sh wave22            # landing: GPU tests; 12 lstm_a shards at 84k/s and 10 at 100k/s again
 #   tools/gpu_session.sh wave23            # where the saturated loop's stalls go (stall counters): 1 and 12 lstm_a shards
+#   tools/gpu_session.sh wave24            # a burst after a graph step (bench_cold_burst.py, columns and per event);
+#                                          # 12 lstm_a shards with scheduler.max_batch 64 and 128
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1033,6 +1035,17 @@ elif [ "$phase" = wave23 ]; then
   [ "${WAVE23_SHARDS12:-1}" = 1 ] && shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r84000
+elif [ "$phase" = wave24 ]; then
+  # wave23 found ~75 % of a saturated shard's loop in ingest at ~7 µs an event, where bench_hotpath reads
+  # the same frames back to back at ~1-2: the same burst back to back and after the service's own graph step
+  step cold_burst_columns 100 taskset -c 2 $PY tools/bench_cold_burst.py --reps 30 --json "$WORK/cold_burst_columns.json"
+  step cold_burst_per_event 100 taskset -c 2 $PY tools/bench_cold_burst.py --reps 30 --columns-min 1000000 \
+       --json "$WORK/cold_burst_per_event.json"
+  # 12 shards own ~85 instruments each, and their queues were full (QUEUE_FULL): a step may take them all
+  shards_inst shards12_b64 60 1024 84000 12 lstm_a:12
+  shards_inst shards12_b128 60 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
+  summarize
+  verbatim cold_burst_columns cold_burst_per_event shards12_b64 shards12_b128
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
