@@ -40,7 +40,8 @@ the loop takes its position and appends push's arguments, and the chunk goes to 
 in one `Scheduler.push_many` call before its rows are written (no room -> QUEUE_FULL, its row
 NOT written and its position given back, so the model's state never has a hole it does not
 know about: push_many says why a refused event's position is free to give back). A stale one
-(past max_age when read, or by its turn given its queue: Scheduler.queue_wait_ns) is shed LATE
+(past max_age when read, or by its turn given its queue: Scheduler.queue_wait_ns, with the
+scheduler's learned margin: Scheduler.admit_age_ns) is shed LATE
 at once, unapplied and taking no position, under
 `scheduler.admission = "deadline"` (the default: a service behind its feed catches up by
 reading, not by stepping rows whose decisions it would withhold); under "depth" it is queued
@@ -312,8 +313,10 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         sched = self.sched
         sequential = sched.sequential
         drop_late = sched.deadline_admission
-        # Scheduler.queue_wait_ns, inlined below, counting the chunk's own events (pushed at its end)
+        # Scheduler.queue_wait_ns, inlined below, counting the chunk's own events (pushed at its end),
+        # against admit_age_ns (max_age less the scheduler's learned margin)
         place = sched.place_ns
+        admit_age = sched.admit_age_ns
         s_touched = self._s_touched.append
         s_len = sched.s_len if sequential else None
         p_append = self._p_events.append
@@ -377,7 +380,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
                 stale = t_recv - origin > max_age
                 # deadline admission: stale when its turn would come -> not applied, no position taken
                 q = s_len[slot] + b_n[slot]
-                if drop_late and (stale or t_recv - origin > max_age - (
+                if drop_late and (stale or t_recv - origin > admit_age - (
                         q * place + (place >> 1) if q else sched.turn_wait_ns(self._s_anew))):
                     self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                     continue
@@ -467,7 +470,7 @@ class Ingest(EventBatchPaths, IngestColdPaths):
         sched = self.sched
         if sched.sequential:
             # stale, or stale by its turn (Scheduler.queue_wait_ns)
-            if sched.deadline_admission and t_recv - origin > self.max_age_ns - sched.queue_wait_ns(slot):
+            if sched.deadline_admission and t_recv - origin > sched.admit_age_ns - sched.queue_wait_ns(slot):
                 self._shed(LATE, slot, seq, ts_send, t_recv, offset)
                 return 1
             if sched.push(slot, pos, seq, cls, t_recv, origin, ts_send, stale) == NO_REQUEST:

@@ -315,7 +315,7 @@ class EventBatchPaths:
         if waits is not None:  # stale by its turn, each event behind the run's earlier ones (as _handle)
             wait = np.empty(n, dtype=np.int64)
             wait[order] = waits
-            late = (t_recv - origin) > self.max_age_ns - wait  # stale ones too: the wait is >= 0
+            late = (t_recv - origin) > sched.admit_age_ns - wait  # stale ones too: wait and margin are >= 0
         if sched.deadline_admission and late.any():
             applied = ~late[order]
             upto = np.cumsum(applied)

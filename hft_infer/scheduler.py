@@ -69,6 +69,23 @@ every admitted row applied at any load. Under `"deadline"` (the default):
   place (134d8e3) decided fewer over EventBatch frames under overload, where a
   place is longest; counting none (before 134d8e3) left 90-110k of 400k events
   stale when picked at 100k events/s in single-event frames.
+- the margin: the pace model counts from an event's receipt, but the loop
+  reads a burst before it handles it and forms the next batch only after the
+  whole burst (and, in a loop past capacity, its complete and publish): on
+  the H200 host a saturated shard's burst took ~75 % of its loop, so the next
+  batch came ~3/4 of a period after receipt, not the half the model expects.
+  Past capacity admission fills every queue to the deadline, so any such bias
+  leaves the admitted events stale when picked: lstm_a over 1,024
+  instruments at 100k/s stepped half of its rows stale (55k STALE, 55k
+  decided), and a simulation of that loop (tests/unit/test_scheduler_admission.py)
+  decided 36 of 64 rows a batch, 10 at twice the load. So the expected wait
+  carries a learned margin, `admit_margin_ns`: a batch that picks a stale
+  event adds a quarter period (at most max_age / 2), one that picks none
+  takes a 32nd off; the ingest sheds LATE an event older than
+  `admit_age_ns` = max_age - margin, less its expected wait. It stays 0
+  while nothing is picked stale (below capacity, and wherever the model
+  holds), and it corrects any systematic error of the model, whatever its
+  cause. Exported as the gauge `admit_margin_us`.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
@@ -190,6 +207,11 @@ class Scheduler:
         self.step_period_ns = 0
         self.place_ns = 0  # the wait one place in a slot's queue means: period x rounds (0: not measured)
         self._admit_budget_ns = self.max_age_ns * 7 // 8
+        # the learned part of the expected wait (module docstring): grows when a batch picks stale
+        # events, decays while batches pick none; the ingest sheds LATE an event older than
+        # admit_age_ns = max_age - margin less its expected wait
+        self.admit_margin_ns = 0
+        self.admit_age_ns = self.max_age_ns
         self._t_last_batch = 0
         self._backlogged = False
         if sequential:
@@ -208,6 +230,7 @@ class Scheduler:
         self.batch_rids = [0] * cfg.max_batch
         self.shed_rids = [0] * max(cap, 1)
         self.n_shed = 0
+        self.stale_picks = 0  # sequential: requests of the last batch already stale when picked
         self._requeue = [0] * cfg.max_batch
 
         # counters
@@ -419,6 +442,7 @@ class Scheduler:
         self.n_shed = 0
         if not force and self.batch_due_ns(now_ns) != 0:
             return 0
+        self.stale_picks = 0
         queued_before = self.queued_slots
         if self.sequential:
             n = self._take_every_slot(now_ns) if queued_before <= self.max_batch else \
@@ -460,6 +484,7 @@ class Scheduler:
                     n_requeue += 1
                 if now_ns - self.r_origin_ns[rid] > max_age:
                     self.r_stale[rid] = True
+                    self.stale_picks += 1
             self.batch_rids[n] = rid
             self.pending -= 1
             n += 1
@@ -537,6 +562,7 @@ class Scheduler:
         r_origin, r_stale, rids = self.r_origin_ns, self.r_stale, self.batch_rids
         mp, max_age = self.max_pending, self.max_age_ns
         requeue = []
+        stale = 0
         for i, slot in enumerate(order):
             s_queued[slot] = False
             head = s_head[slot]
@@ -548,6 +574,7 @@ class Scheduler:
                 requeue.append(slot)
             if now_ns - r_origin[rid] > max_age:
                 r_stale[rid] = True
+                stale += 1
             rids[i] = rid
         # back to the end of their classes' FIFOs (_enqueue_slot's stores, without its call)
         r_cls = self.r_cls
@@ -559,6 +586,7 @@ class Scheduler:
             s_queued[slot] = True
             enq[slot] = now_ns
         self.queued_slots += len(requeue)
+        self.stale_picks += stale
         return n
 
     def _pace(self, now_ns: int, backlogged: bool, queued_before: int) -> None:
@@ -577,6 +605,15 @@ class Scheduler:
         self._backlogged = backlogged
         self._t_last_batch = now_ns
         p = self.step_period_ns
+        # the margin (module docstring): a quarter period more for a batch that picked stale
+        # events, at most half of max_age; a 32nd less for one that picked none
+        m = self.admit_margin_ns
+        if self.stale_picks:
+            m = min(m + (p >> 2), self.max_age_ns >> 1)
+        else:
+            m -= m >> 5
+        self.admit_margin_ns = m
+        self.admit_age_ns = self.max_age_ns - m
         if p > 0:
             rounds = -(-queued_before // self.max_batch)  # batches between two picks of one slot
             self.place_ns = p * rounds

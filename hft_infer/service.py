@@ -239,7 +239,8 @@ class Service:
             model_version=self.model_version, counters=self.counters(), rejected_by_reason=self.acct.reasons(),
             gauges={"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
                     "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes()),
-                    "admit_depth": float(self.sched.admit_depth)},
+                    "admit_depth": float(self.sched.admit_depth),
+                    "admit_margin_us": self.sched.admit_margin_ns / 1e3},
             stages={k: to_wire(v) for k, v in interval.items()},
             histogram_highest_ns=self.cfg.metrics.highest_trackable_us * 1000,
             histogram_digits=self.cfg.metrics.significant_digits, placement=self.placement, final=final)

@@ -92,6 +92,7 @@ class SyntheticService:
         gauges["last_batch_size"] = float(rng.integers(1, 16))
         gauges["rss_bytes"] = 350e6
         gauges["admit_depth"] = float(rng.integers(1, 65))
+        gauges["admit_margin_us"] = 250.0 if shed else 0.0  # no draw: the random stream stays as it was
         return Snapshot(service=self.name, pid=os.getpid(), ts_ns=now_ns, interval_ns=interval_ns,
                         engine="eager", engine_reason="synthetic feeder (no model)", precision="fp32",
                         model_version="synthetic", counters=dict(c), rejected_by_reason=dict(self.by_reason),

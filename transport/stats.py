@@ -49,6 +49,7 @@ GAUGES = (
     "last_batch_size",
     "rss_bytes",
     "admit_depth",  # events one instrument may queue (stateful models: deadline admission's depth)
+    "admit_margin_us",  # deadline admission's learned margin on the expected wait (scheduler.py)
 )
 
 

@@ -84,6 +84,8 @@ GAUGE_HELP = {
     "rss_bytes": "Resident memory of the service process",
     "admit_depth": "Events one instrument may queue (stateful models: set by deadline admission, at most "
                    "max_pending_per_instrument)",
+    "admit_margin_us": "Learned margin of deadline admission's expected wait (stateful models: grows when a step "
+                       "picks stale events, 0 while none are)",
 }
 
 

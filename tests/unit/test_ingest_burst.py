@@ -280,6 +280,41 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
 
 
 @pytest.mark.parametrize("how", ["one_by_one", "burst", "event_batch"])
+def test_deadline_admission_sheds_by_the_schedulers_margin(how):
+    """The scheduler's learned margin (Scheduler.admit_margin_ns; admit_age_ns = max_age less it)
+    narrows what each path admits: with a 10 ms deadline and a 4.5 ms margin, an event 6 ms old
+    that queues its instrument anew (no wait by the pace model) is LATE; fresh ones are admitted.
+    Per frame, in a burst and over an EventBatch (the column path) alike."""
+    import time
+
+    from test_ingest_batch import batch_frame
+
+    rig = IngestRig(instruments=COLUMNS_MIN + 8, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
+    columns = []
+    run = rig.ingest._queue_run_in_order
+    rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
+    try:
+        sched = rig.sched
+        sched.place_ns = sched.step_period_ns = 2_000_000  # measured: waits are counted
+        sched.admit_margin_ns = 4_500_000
+        sched.admit_age_ns = sched.max_age_ns - sched.admit_margin_ns
+        aged = time.time_ns() - 6_000_000
+        events = [(1, 0, 4.0, aged), (0, 0, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, COLUMNS_MIN + 2)]
+        if how == "event_batch":
+            burst(rig, [batch_frame(events)])
+        else:
+            frames = [quote(i, q, k, ts_send=ts) for i, q, k, ts in events]
+            (one_by_one if how == "one_by_one" else burst)(rig, frames)
+        late = [(a[0], a[1]) for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
+        assert late == [(1, 0)]
+        assert rig.store.count[:3] == [1, 0, 1] and rig.sched.s_len[:3] == [1, 0, 1]
+        assert rig.identity_holds()
+        assert columns == ([1] if how == "event_batch" else [])
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("how", ["one_by_one", "burst", "event_batch"])
 def test_deadline_admission_counts_the_slots_queued_ahead_of_a_new_one(how):
     """An event that queues its instrument anew waits for the slots queued ahead of it, the
     chunk's own first: with a 1 ms period between batches of 4, a 10 ms deadline and 20 slots

@@ -245,3 +245,95 @@ def test_overload_over_many_instruments_picks_only_fresh_events():
         if tick >= 300:  # the steady state
             fresh, stale = fresh + f, stale + st
     assert stale == 0 and fresh == 300 * 16 and late > 0
+
+
+def test_a_batch_that_picks_stale_events_widens_the_margin_and_clean_batches_narrow_it():
+    """admit_margin_ns: a quarter of the measured period more for each batch that picks a stale
+    event (at most half of max_age), a 32nd less for each that picks none; admit_age_ns, the age
+    past which the ingest sheds an event (less its expected wait), follows it."""
+    s = make(8, max_age_us=2000)
+    backlog(s, 8, 60, T0)
+    steps_every(s, 100, 15)  # batches up to T0 + 1.5 ms: every pick fresh
+    assert s.step_period_ns == 100 * US
+    assert s.admit_margin_ns == 0 and s.admit_age_ns == s.max_age_ns
+    now = T0 + 2100 * US  # every queued event is now past its deadline
+    assert step(s, now) == (0, 8)
+    assert s.admit_margin_ns == s.step_period_ns // 4 and s.admit_age_ns == s.max_age_ns - s.admit_margin_ns
+    margins = []
+    for _ in range(40):  # still stale: growing, capped at max_age / 2
+        now += 100 * US
+        assert step(s, now) == (0, 8)
+        margins.append(s.admit_margin_ns)
+    assert margins == sorted(margins) and margins[-1] == max(margins) == s.max_age_ns // 2
+    while s.queued_slots:
+        now += 100 * US
+        step(s, now)
+    m = s.admit_margin_ns
+    for k in range(8):  # fresh picks from here: each batch takes a 32nd off
+        assert push(s, k, now, 1000 + k) != NO_REQUEST
+        now += 100 * US
+        assert step(s, now)[1] == 0
+        assert s.admit_margin_ns == m - (m >> 5)
+        m = s.admit_margin_ns
+    assert s.admit_age_ns == s.max_age_ns - m
+
+
+def _saturated_loop(s, *, slots: int, per_period: int, period_us: int, lag: float, periods: int, seed: int = 0,
+                    start: int = T0):
+    """A loop past capacity, as on the H200 host: once a period it reads a burst of the events that
+    arrived during the last one (their receive time the burst's start), admits or sheds each as the
+    ingest does (LATE past admit_age_ns less Scheduler.queue_wait_ns: Ingest._handle's rule,
+    test_ingest_burst holds the ingest to it), and forms one batch `lag` periods after the burst's
+    start. Returns per batch (fresh, stale) over the second half, and the LATE ones, and the time
+    the next period would start."""
+    import random
+
+    rnd = random.Random(seed)
+    weights = [1.0 / (k + 1) ** 0.6 for k in range(slots)]  # a few busy instruments, many quiet ones
+    now, seq, p = start, 0, period_us * US
+    fresh = stale = late = 0
+    for k in range(periods):
+        for slot in rnd.choices(range(slots), weights, k=per_period):
+            seq += 1
+            origin = now - rnd.randrange(p)  # arrived during the last period
+            if now - origin > s.admit_age_ns - (s.queue_wait_ns(slot) if s.step_period_ns else 0):
+                late += k >= periods // 2
+                continue
+            s.push(slot, seq, seq, 0, now, origin, 0)
+        f, st = step(s, now + int(lag * p))
+        if k >= periods // 2:
+            fresh, stale = fresh + f, stale + st
+        now += p
+    n = periods - periods // 2
+    return fresh / n, stale / n, late / n, now
+
+
+@pytest.mark.parametrize("per_period", [145, 290])
+def test_overload_with_the_batch_late_in_the_period_keeps_batches_full_and_fresh(per_period):
+    """The pace model expects the next batch half a period after an event's receipt; a saturated
+    shard reads a burst, handles it for most of the period and only then forms the batch (3/4 of
+    it here). Past capacity admission fills each queue to the deadline, so that bias alone left
+    36 of a batch's 64 rows fresh at 145 events a period (what the H200 host's lstm_a shard showed:
+    55k decided, 55k stepped stale) and 10 at 290. With the learned margin the batches stay full of
+    fresh rows, and what cannot be stepped in time is shed LATE at once instead."""
+    s = make(1024, max_batch=64, max_age_us=5000, max_pending_per_instrument=256, capacity=65536)
+    fresh, stale, late, _ = _saturated_loop(s, slots=1024, per_period=per_period, period_us=1450, lag=0.75,
+                                            periods=1200)
+    assert fresh > 62 and stale < 1, (fresh, stale)
+    assert late > per_period - 64 - 2  # the excess is shed at ingest, not stepped stale
+    assert 0 < s.admit_margin_ns < s.max_age_ns // 2
+
+
+def test_the_margin_fades_once_the_load_is_below_capacity():
+    """After an overload the margin decays while batches pick nothing stale: back below capacity,
+    with batches where the pace model expects them (half a period after the burst), it fades to
+    nothing and the service admits as it did before the overload."""
+    s = make(1024, max_batch=64, max_age_us=5000, max_pending_per_instrument=256, capacity=65536)
+    *_, now = _saturated_loop(s, slots=1024, per_period=290, period_us=1450, lag=0.75, periods=400)
+    assert s.admit_margin_ns > 100 * US
+    fresh, stale, late, _ = _saturated_loop(s, slots=1024, per_period=40, period_us=1450, lag=0.5, periods=600,
+                                            start=now)
+    assert s.admit_margin_ns < 1 * US and s.admit_age_ns > s.max_age_ns - 1 * US
+    # what is shed is the pace model's own: a busy instrument's event behind two of its own (2.5
+    # places of 1.45 ms) plus its age passes 5 ms (~0.25 a period of 40)
+    assert stale == 0 and fresh > 39.5, (fresh, stale, late)
