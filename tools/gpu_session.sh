@@ -59,8 +59,8 @@
 #                                          # py-spy of one saturated lstm_a shard at 100k/s
 #   tools/gpu_session.sh wave22            # landing: GPU tests; 12 lstm_a shards at 84k/s and 10 at 100k/s again
 #   tools/gpu_session.sh wave23            # where the saturated loop's stalls go (stall counters): 1 and 12 lstm_a shards
-#   tools/gpu_session.sh wave24            # a burst after a graph step (bench_cold_burst.py, columns and per event);
-#                                          # 12 lstm_a shards with scheduler.max_batch 64 and 128
+#   tools/gpu_session.sh wave24            # admission's margin: 1 and 12 saturated lstm_a shards against BASE_TGZ;
+#                                          # a burst after a graph step (bench_cold_burst.py); GPU tests
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1036,16 +1036,30 @@ elif [ "$phase" = wave23 ]; then
   summarize
   verbatim shards_i1024_r100000 shards_i1024_r84000
 elif [ "$phase" = wave24 ]; then
+  # deadline admission's learned margin (87f86b8): wave23's saturated lstm_a shard (1,024 instruments, 100k/s)
+  # decided 55k and stepped 55k rows stale; 1 and 12 shards, this tree and BASE_TGZ's (the commit before)
+  # alternated; each shard's service.json has rejected_by_reason (STALE, LATE, QUEUE_FULL) and the margin
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  setup_base
+  for r in 1 2; do
+    for who in new base; do
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      step "shards1_${who}_$r" 50 env PY="$py" BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=100000 \
+           FEED_BATCH=256 DURATION=2 SHARDS=1 MODELS=lstm_a ORDER="lstm_a:1" INSTRUMENTS=1024 \
+           EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards1_${who}_$r"
+    done
+  done
+  for who in new base; do
+    py=$PY; [ "$who" = base ] && py="$base/py"
+    step "shards12_${who}" 60 env PY="$py" BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 \
+         FEED_BATCH=256 DURATION=2 SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
+         EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards12_${who}"
+  done
   # wave23 found ~75 % of a saturated shard's loop in ingest at ~7 µs an event, where bench_hotpath reads
   # the same frames back to back at ~1-2: the same burst back to back and after the service's own graph step
-  step cold_burst_columns 100 taskset -c 2 $PY tools/bench_cold_burst.py --reps 30 --json "$WORK/cold_burst_columns.json"
-  step cold_burst_per_event 100 taskset -c 2 $PY tools/bench_cold_burst.py --reps 30 --columns-min 1000000 \
-       --json "$WORK/cold_burst_per_event.json"
-  # 12 shards own ~85 instruments each, and their queues were full (QUEUE_FULL): a step may take them all
-  shards_inst shards12_b64 60 1024 84000 12 lstm_a:12
-  shards_inst shards12_b128 60 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
+  step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
   summarize
-  verbatim cold_burst_columns cold_burst_per_event shards12_b64 shards12_b128
+  verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new shards12_base cold_burst
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
