@@ -77,8 +77,9 @@ every admitted row applied at any load. Under `"deadline"` (the default):
   Past capacity admission fills every queue to the deadline, so any such bias
   leaves the admitted events stale when picked: lstm_a over 1,024
   instruments at 100k/s stepped half of its rows stale (55k STALE, 55k
-  decided), and a simulation of that loop (tests/unit/test_scheduler_admission.py)
-  decided 36 of 64 rows a batch, 10 at twice the load. So the expected wait
+  decided), and a simulation of that loop (tests/unit/test_scheduler_admission.py,
+  docs/bench/devvm-87f86b8/admission_sim.log) stepped 47 fresh rows of 64 a batch
+  with the batch 3/4 of a period after receipt, 30 at a whole period. So the expected wait
   carries a learned margin, `admit_margin_ns`: a batch that picks a stale
   event adds a quarter period (at most max_age / 2), one that picks none
   takes a 32nd off; the ingest sheds LATE an event older than

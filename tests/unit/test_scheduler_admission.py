@@ -313,9 +313,10 @@ def test_overload_with_the_batch_late_in_the_period_keeps_batches_full_and_fresh
     """The pace model expects the next batch half a period after an event's receipt; a saturated
     shard reads a burst, handles it for most of the period and only then forms the batch (3/4 of
     it here). Past capacity admission fills each queue to the deadline, so that bias alone left
-    36 of a batch's 64 rows fresh at 145 events a period (what the H200 host's lstm_a shard showed:
-    55k decided, 55k stepped stale) and 10 at 290. With the learned margin the batches stay full of
-    fresh rows, and what cannot be stepped in time is shed LATE at once instead."""
+    47 of a batch's 64 rows fresh here, at either load (30 with the batch a whole period late; the
+    H200 host's lstm_a shard decided 55k and stepped 55k stale). With the learned margin the
+    batches stay full of fresh rows, and what cannot be stepped in time is shed LATE at once
+    instead (docs/bench/devvm-87f86b8/admission_sim.log)."""
     s = make(1024, max_batch=64, max_age_us=5000, max_pending_per_instrument=256, capacity=65536)
     fresh, stale, late, _ = _saturated_loop(s, slots=1024, per_period=per_period, period_us=1450, lag=0.75,
                                             periods=1200)
