@@ -1055,11 +1055,17 @@ elif [ "$phase" = wave24 ]; then
          FEED_BATCH=256 DURATION=2 SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
          EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards12_${who}"
   done
+  # each of 12 shards owns ~85 instruments: a step of up to 128 rows can take every queued one (this tree)
+  step shards12_b128 60 env BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 FEED_BATCH=256 DURATION=2 \
+       SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
+       EXTRA_SET="universe.instruments=1024 scheduler.max_batch=128 runner.buckets=[1,2,4,8,16,32,64,128]" \
+       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards12_b128"
   # wave23 found ~75 % of a saturated shard's loop in ingest at ~7 µs an event, where bench_hotpath reads
   # the same frames back to back at ~1-2: the same burst back to back and after the service's own graph step
   step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
   summarize
-  verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new shards12_base cold_burst
+  verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new shards12_base shards12_b128 \
+           cold_burst
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
