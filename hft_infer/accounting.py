@@ -16,10 +16,31 @@ Counters that can be driven by feed values (sequence gaps) saturate at
 
 from __future__ import annotations
 
-from hft_infer.transport.schema import Reason, Status
+from hft_infer.transport.schema import SHED_REASONS, Reason, Status
 
 N_REASONS = len(Reason)
 SATURATE = (1 << 63) - 1
+
+
+def reasons_by_name(counts: list[int]) -> dict[str, int]:
+    """A Status's `rejected_by_reason` (counts indexed by Reason) as name -> count, for the reasons
+    that occurred; an index this version does not know (a newer service) as REASON_<index>."""
+    return {(Reason(i).name if i in Reason._value2member_map_ else f"REASON_{i}"): n
+            for i, n in enumerate(counts) if n}
+
+
+def reasons_line(by_reason: dict[str, int] | None, who: str = "the service") -> str:
+    """One line of `bench` output: why events were shed or rejected, from the final Status, most
+    frequent first (past capacity it says which door they went out by: LATE or QUEUE_FULL at
+    ingest, STALE when picked)."""
+    if by_reason is None:
+        return f"shed and rejected by reason: - ({who}: no final Status)"
+    if not by_reason:
+        return f"shed and rejected by reason ({who}): none"
+    shed = {r.name for r in SHED_REASONS}
+    parts = [f"{name} {n:,} ({'shed' if name in shed else 'rejected'})"
+             for name, n in sorted(by_reason.items(), key=lambda kv: -kv[1])]
+    return f"shed and rejected by reason ({who}): " + ", ".join(parts)
 
 
 class Accounting:
@@ -77,7 +98,7 @@ class Accounting:
 
     def reasons(self) -> dict[str, int]:
         """Reason name -> count, for the reasons that occurred."""
-        return {r.name: self.by_reason[r] for r in Reason if self.by_reason[r]}
+        return reasons_by_name(self.by_reason)
 
     def status(self, ts_ns: int, *, conflated: int, pending: int, final: bool, engine: str,
                model_version: str, error: str = "", precision: str = "") -> Status:

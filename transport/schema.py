@@ -83,6 +83,11 @@ class Reason(enum.IntEnum):
     # received, or would be by its turn (its age plus its queue's expected wait); not applied to the model's state
 
 
+SHED_REASONS = frozenset({Reason.STALE, Reason.QUEUE_FULL, Reason.ENGINE_FAILURE, Reason.LATE})
+"""The reasons of events shed (answered status SHED: the service could not decide them in time or
+at all), as against rejected as bad input (every other reason but NONE)."""
+
+
 class Quote(msgspec.Struct, tag=TAG_QUOTE, array_like=True, frozen=True, gc=False):
     instrument: int  # uint32 instrument id
     seq: int  # per-instrument sequence number, increasing by 1 (gaps are counted)

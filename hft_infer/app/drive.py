@@ -38,6 +38,7 @@ import numpy as np
 import zmq
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
+from hft_infer.accounting import reasons_by_name, reasons_line
 from hft_infer.affinity import parse_cpulist
 from hft_infer.app.launcher import READY_TIMEOUT_S, ServiceProcess, plan_harness, private_runtime_dir, tail
 from hft_infer.channels import check_transports, decisions_address, feed_address
@@ -383,6 +384,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "send_to_service_recv": result.send_to_service_recv,
         "pacer_lateness": summarize(lateness),
         "accounting": result.accounting,
+        "by_reason": run_reasons(status, baseline),
         "busiest_instrument": busiest_instrument(load.events["instrument"][:sent], elapsed_s),
         "steps_per_s": stats.counter_rate("batches") if stats is not None else None,
         "loop": stats.loop_health() if stats is not None else None,
@@ -520,8 +522,21 @@ def result_table(out: dict, title: str) -> str:
              *([loop_line(out.get("loop"))] if out.get("service") != "null" else []),
              f"accounting (all {acc['sent']:,} events sent, the {out['warmup_events']:,} warm-up events included; "
              f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
-                                                              for k, v in acc.items())]
+                                                              for k, v in acc.items()),
+             reasons_line(out.get("by_reason"))]
     return "\n".join(lines)
+
+
+def run_reasons(status, baseline) -> dict[str, int] | None:
+    """The run's sheds and rejections by reason from the service's last Status (None: none came),
+    less a running service's counts from before the run (`baseline`, a Status or None)."""
+    if status is None:
+        return None
+    counts = list(status.rejected_by_reason)
+    if baseline is not None:
+        before = baseline.rejected_by_reason
+        counts = [n - (before[i] if i < len(before) else 0) for i, n in enumerate(counts)]
+    return reasons_by_name(counts)
 
 
 def feed_line(out: dict) -> str:

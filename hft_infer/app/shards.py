@@ -51,6 +51,7 @@ from hft_infer.app.drive import (
     machine_info,
     placed_hot_cores,
     restore_process,
+    run_reasons,
     run_schedule,
     send_all,
 )
@@ -332,6 +333,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "stages": st.summary() if st is not None else {},
             TICK_TO_DECISION: res.tick_to_decision, "send_to_service_recv": res.send_to_service_recv,
             "accounting": res.accounting, "decided_per_s": res.accounting["decided"] / elapsed_s if elapsed_s else 0.0,
+            "by_reason": run_reasons(status, None),
             "busiest_instrument": busiest_instrument(inst[idx], elapsed_s),
             "steps_per_s": st.counter_rate("batches") if st is not None else None,
             "loop": st.loop_health() if st is not None else None,
@@ -361,6 +363,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
       | (extra or {})
     steps = [p["steps_per_s"] for p in per_shard]
     out["aggregate"]["steps_per_s"] = None if None in steps else sum(steps)
+    reasons = [p["by_reason"] for p in per_shard]  # None: a shard sent no Status
+    out["aggregate"]["by_reason"] = None if None in reasons else {
+        name: sum(r.get(name, 0) for r in reasons) for name in sorted({n for r in reasons for n in r})}
     loops = [p["loop"] for p in per_shard]  # counters summed; span_s: the run's measured seconds (the longest)
     out["aggregate"]["loop"] = None if None in loops else {
         k: (max if k == "span_s" else sum)(lp[k] for lp in loops) for k in loops[0]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from hft_infer.accounting import reasons_line
 from hft_infer.loop_stalls import loop_line
 from hft_infer.metrics import TICK_TO_DECISION
 
@@ -68,6 +69,7 @@ def shards_table(out: dict, title: str) -> str:
              + ", ".join(f"{k}={v:,}" for k, v in acc.items())
              + f"; answers from the wrong shard or for no event: {agg['unmatched_decisions']:,}, "
                f"duplicates: {agg['duplicates']:,}",
+             reasons_line(agg.get("by_reason"), f"all {out['shards']} shards, summed"),
              f"harness: pacer {h['pacer']}" + (f" on core {h['pacer_core']}" if h["pacer_core"] is not None else "")
              + f", {h['collectors']} collector(s) ({h['collector']}; shards per collector "
                f"{h['shards_per_collector']}); feed: "

@@ -33,7 +33,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from hft_infer.control.aggregator import Aggregator
 from hft_infer.metrics.histograms import approx_sum_ns, count_at_or_below
-from hft_infer.transport.schema import Reason
+from hft_infer.transport.schema import SHED_REASONS
 
 # Histogram bucket bounds (`le`, exported in seconds), six per decade (1, 1.5, 2, 3, 5, 7) from
 # 1 µs to 10 s. Log-spaced because the stages span six decades: decode and publish take a few
@@ -44,9 +44,8 @@ from hft_infer.transport.schema import Reason
 # 10 s: the loop watchdog's order of magnitude; slower samples still count in +Inf.
 BUCKET_BOUNDS_NS = tuple(int(m * 10 ** e) for e in range(3, 10) for m in (1, 1.5, 2, 3, 5, 7)) + (10 ** 10,)
 
-# Reasons whose events were shed (answered status 1) rather than rejected as bad input
-# (schema.Reason); the by-reason family labels each with its outcome.
-SHED_REASONS = frozenset({Reason.STALE.name, Reason.QUEUE_FULL.name, Reason.ENGINE_FAILURE.name, Reason.LATE.name})
+# the by-reason family labels each reason with its outcome (schema.SHED_REASONS: shed, else rejected)
+SHED_REASON_NAMES = frozenset(r.name for r in SHED_REASONS)
 
 COUNTER_HELP = {
     "received": "Events read from the feed (valid or not; heartbeats excluded)",
@@ -105,7 +104,7 @@ class ServiceCollector:
                                       "Shed and rejected events by reason (outcome: shed or rejected)",
                                       labels=["outcome", "reason"])
         for reason, value in sorted(agg.by_reason.items()):
-            reasons.add_metric(["shed" if reason in SHED_REASONS else "rejected", reason], value)
+            reasons.add_metric(["shed" if reason in SHED_REASON_NAMES else "rejected", reason], value)
         yield reasons
         for name, value in agg.gauges.items():
             metric, scale = metric_name(name)

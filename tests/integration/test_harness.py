@@ -219,6 +219,25 @@ def test_bench_with_floor_reports_the_floor_beside_the_service(tmp_path):
 
 
 
+def test_bench_says_why_events_were_shed(tmp_path):
+    """A stateful model (conflation off) with a 1 µs deadline: every event is past it when read and
+    shed LATE at ingest, unapplied; bench's JSON (`by_reason`, from the final Status) and its
+    printed line say so, and the reasons add up to the accounting's shed."""
+    from service_harness import TEST_MODEL
+
+    env = dict(os.environ, HFT_INFER_RUNTIME_DIR=str(tmp_path))
+    r = cli("bench", "--rate", "2000", "--duration", "0.5", "--warmup", "0.1", "--quiet", "--set", "service.name=hr",
+            *sum((["--set", o] for o in TEST_MODEL), []), "--set", 'scheduler.conflate="off"',
+            "--set", "scheduler.max_age_us=1", "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "out.json"),
+            env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    out = json.loads((tmp_path / "out.json").read_text())
+    acc = out["accounting"]
+    assert acc["lost"] == 0 and acc["shed"] == acc["sent"] == 1200 and acc["decided"] == 0
+    assert out["by_reason"] == {"LATE": 1200}
+    assert "shed and rejected by reason (the service): LATE 1,200 (shed)" in r.stdout
+
+
 def _status(pending: int) -> list[bytes]:
     return [SERVICE_TOPIC, encode(Status(0, 10, 10 - pending, 0, 0, 0, pending, 0, 0, [0] * 12))]
 

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from hft_infer.replay.synthetic import SyntheticConfig, generate
+from hft_infer.transport.schema import SHED_REASONS
 
 EVENT_POLL = ["--set", 'ingest.poll_mode="event"']
 
@@ -39,10 +40,16 @@ def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float)
         assert acc["lost"] == 0 and p["unmatched_decisions"] == 0 and p["duplicates"] == 0, p
         assert acc["decided"] + acc["shed"] + acc["conflated"] + acc["rejected"] == acc["sent"] == acc["received"]
         assert p["service_exit_code"] == 0
+        # the shard's own count of why (its final Status) adds up to what the collector saw
+        shed_names = {r.name for r in SHED_REASONS}
+        assert sum(n for name, n in p["by_reason"].items() if name in shed_names) == acc["shed"], p["by_reason"]
+        assert sum(n for name, n in p["by_reason"].items() if name not in shed_names) == acc["rejected"]
     agg = out["aggregate"]["accounting"]
     assert agg["sent"] == n_events and agg["lost"] == 0 and agg["unowned"] == 0
     for k in ("decided", "shed", "conflated", "rejected"):
         assert agg[k] == sum(p["accounting"][k] for p in per)
+    for name, n in out["aggregate"]["by_reason"].items():
+        assert n == sum(p["by_reason"].get(name, 0) for p in per)
     assert out["aggregate"]["tick_to_decision"]["count"] == sum(p["tick_to_decision"]["count"] for p in per)
     # each shard's busiest instrument, from the feed bench generated (seed 1)
     inst = generate(n_events, SyntheticConfig(instruments=n_inst, seed=1, rate_hz=rate))["instrument"]

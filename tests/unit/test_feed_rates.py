@@ -76,3 +76,19 @@ def test_steps_per_second_counts_only_intervals_wholly_inside_the_measured_feed(
         push.close(0)
         recv.sock.close(0)
         ctx.term()
+
+
+def test_the_reasons_line_names_each_reason_with_its_outcome_most_frequent_first():
+    from hft_infer.accounting import reasons_by_name, reasons_line
+    from hft_infer.transport.schema import Reason
+
+    counts = [0] * (len(Reason) + 1)
+    counts[Reason.LATE], counts[Reason.STALE], counts[Reason.DECODE_ERROR] = 140_052, 54_720, 3
+    counts[len(Reason)] = 2  # a reason a newer service counts
+    by_reason = reasons_by_name(counts)
+    assert by_reason == {"DECODE_ERROR": 3, "STALE": 54_720, "LATE": 140_052, f"REASON_{len(Reason)}": 2}
+    assert reasons_line(by_reason) == ("shed and rejected by reason (the service): LATE 140,052 (shed), "
+                                       f"STALE 54,720 (shed), DECODE_ERROR 3 (rejected), REASON_{len(Reason)} 2 "
+                                       "(rejected)")
+    assert reasons_line({}) == "shed and rejected by reason (the service): none"
+    assert reasons_line(None, "shard 0").startswith("shed and rejected by reason: - (shard 0: no final Status)")
