@@ -225,13 +225,25 @@ shards_1_8() {  # shards_1_8 TIMEOUT PRECISION...: step shards_PRECISION, lstm_a
 }
 
 shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]: step NAME, lstm_a shards
-  # over EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each
+  # over EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each;
+  # `PY=DIR/py shards_inst ...` runs a baseline tree's (bench_shards.sh reads PY)
   local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6
   shift 6
   step "$name" "$t" env BUDGET_S=$(( t - 5 )) RUN_CAP_S=$(( t - 10 < 60 ? t - 10 : 60 )) FLOOR=0 \
        RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION=2 SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
        INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst $*" bash tools/with_mps.sh bash tools/bench_shards.sh \
        "$WORK/$name"
+}
+
+shards_alternated() {  # shards_alternated PREFIX ROUNDS TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]:
+  # shards_inst as PREFIX_new_R (this tree) and PREFIX_base_R (BASE_TGZ's: setup_base first), alternated ROUNDS times
+  local prefix=$1 rounds=$2 r who
+  shift 2
+  for r in $(seq "$rounds"); do
+    for who in new base; do
+      if [ "$who" = base ]; then PY="$base/py" shards_inst "${prefix}_${who}_$r" "$@"; else shards_inst "${prefix}_${who}_$r" "$@"; fi
+    done
+  done
 }
 
 engines_pairs() {  # the graph engine's step through the runner, this tree and BASE_TGZ's alternated, twice
@@ -1003,15 +1015,7 @@ elif [ "$phase" = wave21 ]; then
   step topology 15 bash -c 'lscpu; for c in /sys/devices/system/cpu/cpu[0-9]*; do
        echo "$(basename "$c") siblings $(cat "$c/topology/thread_siblings_list" 2>/dev/null)"; done'
   setup_base
-  for r in 1 2; do
-    for who in new base; do
-      py=$PY; [ "$who" = base ] && py="$base/py"
-      step "shards12_${who}_$r" 60 env PY="$py" BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 \
-           FEED_BATCH=256 DURATION=2 SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
-           EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh \
-           "$WORK/shards12_${who}_$r"
-    done
-  done
+  shards_alternated shards12 2 60 1024 84000 12 lstm_a:12
   # where one saturated shard's loop goes (py-spy without pausing it; profile_overload.sh now waits for the
   # service to be serving, wave18's caught its start-up)
   step prof_i1024_100k 55 env FEED_BATCH=256 SPY_RATE=250 NONBLOCKING=1 bash tools/profile_overload.sh \
@@ -1041,31 +1045,16 @@ elif [ "$phase" = wave24 ]; then
   # alternated; each shard's service.json has rejected_by_reason (STALE, LATE, QUEUE_FULL) and the margin
   gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   setup_base
-  for r in 1 2; do
-    for who in new base; do
-      py=$PY; [ "$who" = base ] && py="$base/py"
-      step "shards1_${who}_$r" 50 env PY="$py" BUDGET_S=45 RUN_CAP_S=40 FLOOR=0 RATE_PER_SHARD=100000 \
-           FEED_BATCH=256 DURATION=2 SHARDS=1 MODELS=lstm_a ORDER="lstm_a:1" INSTRUMENTS=1024 \
-           EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards1_${who}_$r"
-    done
-  done
-  for who in new base; do
-    py=$PY; [ "$who" = base ] && py="$base/py"
-    step "shards12_${who}" 60 env PY="$py" BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 \
-         FEED_BATCH=256 DURATION=2 SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
-         EXTRA_SET="universe.instruments=1024" bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards12_${who}"
-  done
+  shards_alternated shards1 2 50 1024 100000 1 lstm_a:1
+  shards_alternated shards12 1 60 1024 84000 12 lstm_a:12
   # each of 12 shards owns ~85 instruments: a step of up to 128 rows can take every queued one (this tree)
-  step shards12_b128 60 env BUDGET_S=55 RUN_CAP_S=50 FLOOR=0 RATE_PER_SHARD=84000 FEED_BATCH=256 DURATION=2 \
-       SHARDS=12 MODELS=lstm_a ORDER="lstm_a:12" INSTRUMENTS=1024 \
-       EXTRA_SET="universe.instruments=1024 scheduler.max_batch=128 runner.buckets=[1,2,4,8,16,32,64,128]" \
-       bash tools/with_mps.sh bash tools/bench_shards.sh "$WORK/shards12_b128"
+  shards_inst shards12_b128 60 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
   # wave23 found ~75 % of a saturated shard's loop in ingest at ~7 µs an event, where bench_hotpath reads
   # the same frames back to back at ~1-2: the same burst back to back and after the service's own graph step
   step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
   summarize
-  verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new shards12_base shards12_b128 \
-           cold_burst
+  verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new_1 shards12_base_1 \
+           shards12_b128 cold_burst
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -253,30 +253,45 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
     instruments' events make the chunk long enough for the bulk and column paths) alike."""
     import time
 
-    from test_ingest_batch import batch_frame
-
-    rig = IngestRig(instruments=COLUMNS_MIN + 8, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
-    columns = []  # the EventBatch case must take the column path (ingest_batch.py, from COLUMNS_MIN events)
-    run = rig.ingest._queue_run_in_order
-    rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
+    rig = _admission_rig()
     try:
         one_by_one(rig, [quote(0, 0, 1.0), quote(0, 1, 2.0)])  # two queued on slot 0
         rig.sched.place_ns = 2_000_000
         aged = time.time_ns() - 6_000_000
         events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0)
                                                                            for i in range(2, COLUMNS_MIN + 2)]
-        if how == "event_batch":
-            burst(rig, [batch_frame(events)])
-        else:
-            frames = [quote(i, q, k, ts_send=ts) for i, q, k, ts in events]
-            (one_by_one if how == "one_by_one" else burst)(rig, frames)
-        late = [(a[0], a[1]) for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
-        assert late == [(0, 2)]
+        assert _late_of(rig, how, events) == [(0, 2)]
         assert rig.store.count[:3] == [3, 1, 1] and rig.sched.s_len[:3] == [3, 1, 1]
         assert rig.ingest.last_seq[0] == 3 and rig.identity_holds()
-        assert columns == ([1] if how == "event_batch" else [])
+        assert rig.column_runs == ([1] if how == "event_batch" else [])
     finally:
         rig.close()
+
+
+def _admission_rig() -> IngestRig:
+    """A sequential rig (10 ms deadline) that notes each column run it takes in `column_runs`: the
+    EventBatch cases must take the column path (ingest_batch.py, from COLUMNS_MIN events)."""
+    import test_ingest_batch  # noqa: F401 - for _late_of; a first import takes milliseconds, which would age the
+    # tests' timed events past what they test (imported here, not at the top: it imports this module)
+
+    rig = IngestRig(instruments=COLUMNS_MIN + 8, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
+    rig.column_runs = []
+    run = rig.ingest._queue_run_in_order
+    rig.ingest._queue_run_in_order = lambda *args: rig.column_runs.append(1) or run(*args)
+    return rig
+
+
+def _late_of(rig: IngestRig, how: str, events: list[tuple]) -> list[tuple[int, int]]:
+    """Send (instrument, seq, k, ts_send) events one by one, as a burst of frames or as one
+    EventBatch (`how`); returns the (instrument, seq) answered LATE."""
+    from test_ingest_batch import batch_frame
+
+    if how == "event_batch":
+        burst(rig, [batch_frame(events)])
+    else:
+        frames = [quote(i, q, k, ts_send=ts) for i, q, k, ts in events]
+        (one_by_one if how == "one_by_one" else burst)(rig, frames)
+    return [(a[0], a[1]) for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
 
 
 @pytest.mark.parametrize("how", ["one_by_one", "burst", "event_batch"])
@@ -287,12 +302,7 @@ def test_deadline_admission_sheds_by_the_schedulers_margin(how):
     Per frame, in a burst and over an EventBatch (the column path) alike."""
     import time
 
-    from test_ingest_batch import batch_frame
-
-    rig = IngestRig(instruments=COLUMNS_MIN + 8, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True)
-    columns = []
-    run = rig.ingest._queue_run_in_order
-    rig.ingest._queue_run_in_order = lambda *args: columns.append(1) or run(*args)
+    rig = _admission_rig()
     try:
         sched = rig.sched
         sched.place_ns = sched.step_period_ns = 2_000_000  # measured: waits are counted
@@ -300,16 +310,10 @@ def test_deadline_admission_sheds_by_the_schedulers_margin(how):
         sched.admit_age_ns = sched.max_age_ns - sched.admit_margin_ns
         aged = time.time_ns() - 6_000_000
         events = [(1, 0, 4.0, aged), (0, 0, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, COLUMNS_MIN + 2)]
-        if how == "event_batch":
-            burst(rig, [batch_frame(events)])
-        else:
-            frames = [quote(i, q, k, ts_send=ts) for i, q, k, ts in events]
-            (one_by_one if how == "one_by_one" else burst)(rig, frames)
-        late = [(a[0], a[1]) for a in zip(*rig.answers.columns()) if a[3] == Reason.LATE]
-        assert late == [(1, 0)]
+        assert _late_of(rig, how, events) == [(1, 0)]
         assert rig.store.count[:3] == [1, 0, 1] and rig.sched.s_len[:3] == [1, 0, 1]
         assert rig.identity_holds()
-        assert columns == ([1] if how == "event_batch" else [])
+        assert rig.column_runs == ([1] if how == "event_batch" else [])
     finally:
         rig.close()
 
