@@ -306,6 +306,8 @@ class CpuConfig(_Section):
     """Lock all current and future memory (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity)."""
     gc_freeze: bool = True
     """gc.freeze() after warm-up and no automatic collection in the loop (collected in housekeeping)."""
+    host_shards: list[NonNegInt] = []
+    """The shards (universe.shard_index values) that run on this host, for `cores = "auto"`: this shard takes the slot of its place among them and keeps their hot cores free of its helper threads; empty = all of universe.shard_count (one host runs every shard)."""
 
 
 class SecurityConfig(_Section):
@@ -342,6 +344,13 @@ class Config(_Section):
             raise ValueError(
                 f"ingest.coalesce_us {self.ingest.coalesce_us} must be below scheduler.max_age_us "
                 f"{self.scheduler.max_age_us} (a held event would be stale when read)"
+            )
+        host, uni = self.cpu.host_shards, self.universe
+        if host and (len(set(host)) != len(host) or max(host) >= uni.shard_count or uni.shard_index not in host):
+            raise ValueError(
+                f"cpu.host_shards {host} must be distinct shard indices below universe.shard_count "
+                f"{uni.shard_count} that include this shard's, universe.shard_index {uni.shard_index} "
+                f"(empty: every shard runs on this host)"
             )
         if self.runner.max_bucket < self.scheduler.max_batch:
             raise ValueError(

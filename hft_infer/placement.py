@@ -251,11 +251,23 @@ def plan_placement(
         gc_freeze=getattr(cpu_cfg, "gc_freeze", True), steps=tuple(steps), warnings=tuple(warnings))
 
 
+def host_slot(cpu_cfg, shard_index: int, shard_count: int) -> tuple[int, int]:
+    """This shard's `auto` slot and how many shards share the host: its place among
+    cpu.host_shards and their number (empty: every shard of shard_count runs here, slot = index).
+    A shard alone on its host (host_shards = [I]) takes the host's first candidate core and keeps
+    no other slot's core free."""
+    host = list(cpu_cfg.host_shards) or list(range(shard_count))
+    if shard_index not in host:  # Config validates this; a caller with its own --shard may not have
+        raise ValueError(f"shard {shard_index} is not among cpu.host_shards {host}")
+    return host.index(shard_index), len(host)
+
+
 def plan_for_config(cfg, device: str, **kwargs) -> PlacementPlan:
     """`plan_placement` for a service's config: its `[cpu]`, and its shard (universe.shard_index of
-    universe.shard_count) as the slot among the shards on this host. `kwargs`: plan_placement's."""
-    return plan_placement(cfg.cpu, device, slot=cfg.universe.shard_index, shards=cfg.universe.shard_count,
-                          **kwargs)
+    universe.shard_count) as the slot among the shards on this host (host_slot). `kwargs`:
+    plan_placement's."""
+    slot, shards = host_slot(cfg.cpu, cfg.universe.shard_index, cfg.universe.shard_count)
+    return plan_placement(cfg.cpu, device, slot=slot, shards=shards, **kwargs)
 
 
-__all__ = ["Outcome", "PlacementPlan", "Step", "plan_for_config", "plan_placement"]
+__all__ = ["Outcome", "PlacementPlan", "Step", "host_slot", "plan_for_config", "plan_placement"]

@@ -135,7 +135,8 @@ def shard_layout(target: Target, n: int) -> list[Shard]:
     shards = []
     for i in range(n):
         name = f"{base.service.name}-s{i}"
-        own = [f"service.name={json.dumps(name)}", f"ingest.endpoint={json.dumps(feed)}"]
+        # every shard on this host, whatever cpu.host_shards a multi-host config names
+        own = [f"service.name={json.dumps(name)}", f"ingest.endpoint={json.dumps(feed)}", "cpu.host_shards=[]"]
         for field, template in (("egress.endpoint", base.egress.endpoint),
                                 ("metrics.control_endpoint", base.metrics.control_endpoint)):
             ep = _per_shard_endpoint(field, template, i)

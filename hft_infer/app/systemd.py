@@ -31,6 +31,7 @@ from pathlib import Path
 from hft_infer.affinity import SysFs, format_cpulist, plan_placement
 from hft_infer.config import load_config
 from hft_infer.errors import UserError
+from hft_infer.placement import host_slot
 from hft_infer.transport.sockets import is_local_endpoint
 
 _INSTANCE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -142,8 +143,12 @@ def unit_spec(cfg, *, config_path: str, instance: str | None = None, shard: str 
     # control process on the busy-polling core, which starves them.
     if cfg.cpu.cores != "none":
         online = SysFs(sysfs_root).online()
-        slot, count = (map(int, shard.split("/")) if shard
-                       else (cfg.universe.shard_index, cfg.universe.shard_count))
+        index, count = (map(int, shard.split("/")) if shard
+                        else (cfg.universe.shard_index, cfg.universe.shard_count))
+        try:
+            slot, count = host_slot(cfg.cpu, index, count)
+        except ValueError as e:  # --shard names a shard the config's cpu.host_shards leaves out
+            raise UserError(f"--shard {shard}: {e}") from None
         plan = plan_placement(cfg.cpu, cfg.runner.device, slot=slot, shards=count, sysfs_root=sysfs_root,
                               inherited=online, gpu_pci=gpu_pci, use_torch=False)
         for step in plan.steps:

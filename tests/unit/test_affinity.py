@@ -134,6 +134,36 @@ def test_auto_keeps_every_shards_hot_core_free_of_helper_threads(tmp_path):
     assert alone.helper_cores == tuple(range(15))  # one shard: only its own core is kept free
 
 
+def test_a_shard_alone_on_its_host_takes_the_first_core_and_reserves_no_other(tmp_path):
+    """cpu.host_shards: shard 3 of 4 deployed alone on its host (host_shards = [3]) plans as slot 0
+    of 1 (the host's first candidate core, every other core for helpers); shards 2 and 3 of 4 on one
+    host as slots 0 and 1 of 2; empty = every shard on this host, as before. The config refuses a
+    list that leaves out the shard's own index (or names one past shard_count)."""
+    from hft_infer.config import load_config
+    from hft_infer.placement import host_slot, plan_for_config
+
+    root = make_sysfs(tmp_path, nodes=ONE_NODE, pci={GPU: 0})
+
+    def cfg(index, host):
+        return load_config(None, ['cpu.cores="auto"', f"universe.shard_index={index}", "universe.shard_count=4",
+                                  f"cpu.host_shards={json.dumps(host)}"])
+
+    def placed(c):
+        return plan_for_config(c, "cuda:0", sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+
+    alone = placed(cfg(3, [3]))
+    assert host_slot(cfg(3, [3]).cpu, 3, 4) == (0, 1)
+    assert alone.hot_cores == (15,) and alone.helper_cores == tuple(range(15))
+    pair = [placed(cfg(i, [2, 3])) for i in (2, 3)]
+    assert [p.hot_cores for p in pair] == [(15,), (14,)]
+    assert all(p.helper_cores == tuple(range(14)) for p in pair)
+    every = placed(cfg(3, []))  # all four here: slot 3, slots 0-3's cores kept free
+    assert every.hot_cores == (12,) and every.helper_cores == tuple(range(12))
+    for bad in ([2], [3, 3], [3, 4]):
+        with pytest.raises(ConfigError, match="cpu.host_shards"):
+            cfg(3, bad)
+
+
 def test_more_shards_than_cores_share_hot_cores_with_helpers_and_say_so(tmp_path):
     root = make_sysfs(tmp_path, online="0-3", nodes={0: "0-3"}, pci={GPU: 0})
     p = plan_placement(cpu(), "cuda:0", slot=0, shards=4, sysfs_root=root, inherited=range(4), gpu_pci=GPU)

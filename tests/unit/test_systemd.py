@@ -18,6 +18,7 @@ import pytest
 
 from hft_infer.app.systemd import default_exec, quote_arg, render_drop_in, render_unit, unit_spec
 from hft_infer.config import load_config
+from hft_infer.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "tools" / "systemd" / "hft-infer@.service"
@@ -148,6 +149,18 @@ def test_auto_placement_resolves_gpu_node_from_sysfs(tmp_path):
     assert svc["CPUAffinity"] == ["8-13,15"] and svc["NUMAMask"] == ["1"]
     assert "hot core 15" in " ".join(spec.comments)
     assert "--shard 1/2" in svc["ExecStart"][0]
+
+
+def test_a_shard_alone_on_its_host_gets_the_first_core_in_its_unit(tmp_path):
+    """cpu.host_shards = [1]: shard 1 of 2 deployed on a host of its own takes that host's first
+    isolated core (slot 0 of 1), not slot 1's; --shard naming a shard the list leaves out is refused."""
+    root = make_sysfs(tmp_path / "fake", isolated="6-7,14-15", pci={"0000:19:00.0": 1})
+    path = config_file(tmp_path, "[runner]\ndevice = 'cuda:1'\n[universe]\nshard_index = 1\nshard_count = 2\n"
+                                 "[cpu]\ncores = 'auto'\nhost_shards = [1]\n")
+    spec = spec_for(path, sysfs_root=root, gpu_pci="0000:19:00.0")
+    assert "hot core 14" in " ".join(spec.comments)
+    with pytest.raises(UserError, match="--shard 0/2: shard 0 is not among cpu.host_shards"):
+        spec_for(path, shard="0/2", sysfs_root=root, gpu_pci="0000:19:00.0")
 
 
 def test_instance_unit_has_per_instance_directories(tmp_path):
