@@ -175,7 +175,8 @@ def _serve(cfg: Config, args: argparse.Namespace, run_dir: Path, log) -> int:
         _prepare(service, cfg, report, notifier, log)
 
         def on_ready() -> None:
-            line = (f"READY engine={service.engine.name} ({service.engine.reason}) model={service.model_version} "
+            line = (f"READY engine={service.engine.name} precision={service.engine.precision} "
+                    f"({service.engine.reason}) model={service.model_version} "
                     f"ingest={service.endpoints['ingest']} decisions={service.endpoints['decisions']} "
                     f"poll={cfg.ingest.poll_mode} policy={cfg.scheduler.policy} "
                     f"{'conflating' if service.sched.conflate else 'sequential'} "

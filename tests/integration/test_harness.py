@@ -210,6 +210,7 @@ def test_bench_with_floor_reports_the_floor_beside_the_service(tmp_path):
     assert floor["service"] == "null" and out["service"] == "child" and out["engine"] == "eager"
     assert out["precision"] == "fp32" and floor["precision"] is None  # the null service reports none
     assert "engine=eager (fp32), model=" in r.stdout
+    assert "READY engine=eager precision=fp32 (" in (tmp_path / "run" / "service.log").read_text()  # serve's line
     assert floor["accounting"]["lost"] == 0 and floor["accounting"]["decided"] == 2400
     assert floor["tick_to_decision"]["count"] == 2000 and floor["harness"] == out["harness"]
     assert out["vs_floor"]["p99_us"] == out["tick_to_decision"]["p99_us"] / floor["tick_to_decision"]["p99_us"]
