@@ -92,3 +92,20 @@ def test_the_reasons_line_names_each_reason_with_its_outcome_most_frequent_first
                                        "(rejected)")
     assert reasons_line({}) == "shed and rejected by reason (the service): none"
     assert reasons_line(None, "shard 0").startswith("shed and rejected by reason: - (shard 0: no final Status)")
+
+
+def test_a_running_services_reasons_are_counted_from_the_runs_start():
+    """bench against a running service (not started by bench): its Status counts since it started,
+    so the run's reasons are the last Status's less the one seen before the run; none: None."""
+    from hft_infer.app.drive import run_reasons
+    from hft_infer.transport.schema import Reason, Status
+
+    def status(late: int, stale: int, n: int = len(Reason)) -> Status:
+        counts = [0] * n
+        counts[Reason.LATE], counts[Reason.STALE] = late, stale
+        return Status(0, 0, 0, 0, 0, 0, 0, 0, 0, counts)
+
+    assert run_reasons(status(120, 7), status(100, 7)) == {"LATE": 20}
+    assert run_reasons(status(120, 7), None) == {"STALE": 7, "LATE": 120}
+    assert run_reasons(status(5, 0, n=len(Reason) + 1), status(2, 0)) == {"LATE": 3}  # a newer service's longer list
+    assert run_reasons(None, None) is None
