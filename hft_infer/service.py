@@ -224,6 +224,13 @@ class Service:
             out.update(self.hot_thread.counters())
         return out
 
+    def gauges(self) -> dict[str, float]:
+        """The point-in-time values of transport/stats.GAUGES: in every stats snapshot, and at stop
+        in service.json (where a saturated run's admission depth and margin ended)."""
+        return {"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
+                "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes()),
+                "admit_depth": float(self.sched.admit_depth), "admit_margin_us": self.sched.admit_margin_ns / 1e3}
+
     def status_message(self, final: bool = False):
         return self.acct.status(self.clock.epoch(perf_ns()), conflated=self.sched.conflated,
                                 pending=self.pending(), final=final, engine=self.engine.name,
@@ -237,10 +244,7 @@ class Service:
             interval_ns=now - self._last_ship_ns, engine=self.engine.name, engine_reason=self.engine.reason,
             precision=self.engine.precision,
             model_version=self.model_version, counters=self.counters(), rejected_by_reason=self.acct.reasons(),
-            gauges={"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
-                    "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes()),
-                    "admit_depth": float(self.sched.admit_depth),
-                    "admit_margin_us": self.sched.admit_margin_ns / 1e3},
+            gauges=self.gauges(),
             stages={k: to_wire(v) for k, v in interval.items()},
             histogram_highest_ns=self.cfg.metrics.highest_trackable_us * 1000,
             histogram_digits=self.cfg.metrics.significant_digits, placement=self.placement, final=final)
@@ -491,6 +495,7 @@ class Service:
             "accounting": acc | {"pending": self.pending()},
             "identity_holds": self.acct.identity_holds(self.sched.conflated, self.pending()),
             "counters": counters,
+            "gauges": self.gauges(),
             "rejected_by_reason": self.acct.reasons(),
             "failure": self.failure,
         }

@@ -11,6 +11,7 @@ from service_harness import TEST_MODEL, ServiceUnderTest, quote
 from hft_infer.metrics import SERVICE_STAGES
 from hft_infer.transport.codec import encode, pack_book, topic_for
 from hft_infer.transport.schema import Decision, Heartbeat, Outcome, Quote, Reason, Status, Trade
+from hft_infer.transport.stats import GAUGES
 
 
 def _identity(st: Status) -> bool:
@@ -131,6 +132,10 @@ def test_sigterm_under_load_drains_everything():
     assert summary["stages"]["wire"]["count"] == 0  # the test publisher sends ts_send_ns = 0
     # the hot thread's preemptions, read from the kernel (hot_thread_stats.py): present and counted
     assert summary["counters"]["hot_preemptions"] >= 0 and summary["counters"]["hot_runqueue_wait_us"] >= 0
+    # the gauges as they stood at stop (transport/stats.GAUGES): nothing pending, a conflating model's
+    # admission untouched
+    gauges = summary["gauges"]
+    assert set(gauges) == set(GAUGES) and gauges["queue_depth"] == 0.0 and gauges["admit_margin_us"] == 0.0
     assert "Percentile" in hgrm and "#[Max" in hgrm  # HdrHistogram's percentile distribution format
 
 
