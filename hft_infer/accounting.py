@@ -20,6 +20,7 @@ from hft_infer.transport.schema import SHED_REASONS, Reason, Status
 
 N_REASONS = len(Reason)
 SATURATE = (1 << 63) - 1
+SHED_REASON_NAMES = frozenset(r.name for r in SHED_REASONS)  # reasons by name: shed, the others rejected
 
 
 def reasons_by_name(counts: list[int]) -> dict[str, int]:
@@ -37,8 +38,7 @@ def reasons_line(by_reason: dict[str, int] | None, who: str = "the service") -> 
         return f"shed and rejected by reason: - ({who}: no final Status)"
     if not by_reason:
         return f"shed and rejected by reason ({who}): none"
-    shed = {r.name for r in SHED_REASONS}
-    parts = [f"{name} {n:,} ({'shed' if name in shed else 'rejected'})"
+    parts = [f"{name} {n:,} ({'shed' if name in SHED_REASON_NAMES else 'rejected'})"
              for name, n in sorted(by_reason.items(), key=lambda kv: -kv[1])]
     return f"shed and rejected by reason ({who}): " + ", ".join(parts)
 

@@ -83,10 +83,10 @@ every admitted row applied at any load. Under `"deadline"` (the default):
   carries a learned margin, `admit_margin_ns`: a batch that picks a stale
   event adds a quarter period (at most max_age / 2), one that picks none
   takes a 32nd off; the ingest sheds LATE an event older than
-  `admit_age_ns` = max_age - margin, less its expected wait. It stays 0
-  while nothing is picked stale (below capacity, and wherever the model
-  holds), and it corrects any systematic error of the model, whatever its
-  cause. Exported as the gauge `admit_margin_us`.
+  `admit_age_ns` = max_age - margin, less its expected wait. It is 0 until a
+  batch picks a stale event (below capacity, and wherever the model holds)
+  and fades to nothing (under 32 ns) once batches stop picking them, and it
+  corrects any systematic error of the model, whatever its cause. Exported as the gauge `admit_margin_us`.
 
 All state lives in Python lists preallocated at start-up (scalar stores into
 lists are ~4x cheaper than into numpy arrays from Python; measured in
@@ -208,10 +208,8 @@ class Scheduler:
         self.step_period_ns = 0
         self.place_ns = 0  # the wait one place in a slot's queue means: period x rounds (0: not measured)
         self._admit_budget_ns = self.max_age_ns * 7 // 8
-        # the learned part of the expected wait (module docstring): grows when a batch picks stale
-        # events, decays while batches pick none; the ingest sheds LATE an event older than
-        # admit_age_ns = max_age - margin less its expected wait
-        self.admit_margin_ns = 0
+        # max_age less the learned margin (module docstring; `admit_margin_ns` derives the margin
+        # from it): the ingest sheds LATE an event older than this less its expected wait
         self.admit_age_ns = self.max_age_ns
         self._t_last_batch = 0
         self._backlogged = False
@@ -590,6 +588,15 @@ class Scheduler:
         self.stale_picks += stale
         return n
 
+    @property
+    def admit_margin_ns(self) -> int:
+        """Deadline admission's learned margin on the expected wait (module docstring)."""
+        return self.max_age_ns - self.admit_age_ns
+
+    @admit_margin_ns.setter
+    def admit_margin_ns(self, margin_ns: int) -> None:
+        self.admit_age_ns = self.max_age_ns - margin_ns
+
     def _pace(self, now_ns: int, backlogged: bool, queued_before: int) -> None:
         """Deadline admission: the period between batches while backlogged (a batch formed
         when some slot held more than one event is followed by the next as soon as the
@@ -614,7 +621,6 @@ class Scheduler:
         else:
             m -= m >> 5
         self.admit_margin_ns = m
-        self.admit_age_ns = self.max_age_ns - m
         if p > 0:
             rounds = -(-queued_before // self.max_batch)  # batches between two picks of one slot
             self.place_ns = p * rounds

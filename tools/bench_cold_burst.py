@@ -73,10 +73,10 @@ def main() -> None:
                          "takes the per-event path)")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
+    if a.frames < 1 or a.events_per_frame < 1 or a.reps < 1 or a.instruments < 1 or a.columns_min < 0:
+        ap.error("--frames, --events-per-frame, --reps and --instruments must be >= 1, --columns-min >= 0")
     if a.columns_min:
         ingest_batch.COLUMNS_MIN = a.columns_min
-    if a.frames < 1 or a.events_per_frame < 1 or a.reps < 1 or a.instruments < 1:
-        ap.error("--frames, --events-per-frame, --reps and --instruments must be >= 1")
     per_burst = a.frames * a.events_per_frame
     # ingest.max_drain = the burst's frames: each Stepper.ingest reads exactly one burst (the
     # in-flight cap, max(16, max_drain // 8), never binds: the step below is collected first)

@@ -31,9 +31,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
+from hft_infer.accounting import SHED_REASON_NAMES
 from hft_infer.control.aggregator import Aggregator
 from hft_infer.metrics.histograms import approx_sum_ns, count_at_or_below
-from hft_infer.transport.schema import SHED_REASONS
 
 # Histogram bucket bounds (`le`, exported in seconds), six per decade (1, 1.5, 2, 3, 5, 7) from
 # 1 µs to 10 s. Log-spaced because the stages span six decades: decode and publish take a few
@@ -43,9 +43,6 @@ from hft_infer.transport.schema import SHED_REASONS
 # only be placed between 20 and 50 µs; ten per decade would cost ~70 series per stage.
 # 10 s: the loop watchdog's order of magnitude; slower samples still count in +Inf.
 BUCKET_BOUNDS_NS = tuple(int(m * 10 ** e) for e in range(3, 10) for m in (1, 1.5, 2, 3, 5, 7)) + (10 ** 10,)
-
-# the by-reason family labels each reason with its outcome (schema.SHED_REASONS: shed, else rejected)
-SHED_REASON_NAMES = frozenset(r.name for r in SHED_REASONS)
 
 COUNTER_HELP = {
     "received": "Events read from the feed (valid or not; heartbeats excluded)",
@@ -84,7 +81,7 @@ GAUGE_HELP = {
     "admit_depth": "Events one instrument may queue (stateful models: set by deadline admission, at most "
                    "max_pending_per_instrument)",
     "admit_margin_us": "Learned margin of deadline admission's expected wait (stateful models: grows when a step "
-                       "picks stale events, 0 while none are)",
+                       "picks stale events, fades to nothing while none do)",
 }
 
 
@@ -103,7 +100,7 @@ class ServiceCollector:
         reasons = CounterMetricFamily("hft_infer_shed_or_rejected",
                                       "Shed and rejected events by reason (outcome: shed or rejected)",
                                       labels=["outcome", "reason"])
-        for reason, value in sorted(agg.by_reason.items()):
+        for reason, value in sorted(agg.by_reason.items()):  # labelled with its outcome
             reasons.add_metric(["shed" if reason in SHED_REASON_NAMES else "rejected", reason], value)
         yield reasons
         for name, value in agg.gauges.items():
