@@ -14,6 +14,7 @@ ipc sockets.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -28,6 +29,7 @@ from msgspec import Meta
 
 from hft_infer.config_errors import Overrides, config_error, msgspec_problem, struct_problem
 from hft_infer.errors import ConfigError
+from hft_infer.sharding import shard_of_positions
 
 __all__ = ["Config", "ConfigError", "load_config", "expand_endpoint", "expand_shm_service", "runtime_dir"]
 
@@ -142,20 +144,30 @@ class UniverseConfig(_Section):
     shard_index: NonNegInt = 0
     """This instance's shard (see shard_count); `serve --shard I/N` sets both."""
     shard_count: PosInt = 1
-    """Serve only ids with position % shard_count == shard_index (topic-filtered)."""
+    """Serve only ids with position % shard_count == shard_index (topic-filtered), or the shard_weights plan."""
+    shard_weights: list[Annotated[float, Meta(ge=0.0)]] = []
+    """Each instrument's expected activity (e.g. events/s), in ids order: shards balance the load by it instead of position % shard_count (every shard needs the same list; hft_infer/sharding.py)."""
 
     def __post_init__(self) -> None:
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("`ids` contains duplicates")
         if self.shard_index >= self.shard_count:
             raise ValueError("`shard_index` must be < `shard_count`")
+        if self.shard_weights:
+            n = len(self.ids) if self.ids else self.instruments
+            if len(self.shard_weights) != n:
+                raise ValueError(f"`shard_weights` has {len(self.shard_weights)} entries for {n} instruments "
+                                 "(one per instrument, in ids order)")
+            if not all(math.isfinite(w) for w in self.shard_weights):
+                raise ValueError("`shard_weights` must be finite numbers")
 
     def all_ids(self) -> list[int]:
         return list(self.ids) if self.ids else list(range(self.instruments))
 
     def owned_ids(self) -> list[int]:
         ids = self.all_ids()
-        return [i for pos, i in enumerate(ids) if pos % self.shard_count == self.shard_index]
+        shard = shard_of_positions(len(ids), self.shard_count, self.shard_weights)
+        return [i for i, k in zip(ids, shard) if k == self.shard_index]
 
 
 class ModelConfig(_Section):

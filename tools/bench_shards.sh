@@ -31,7 +31,8 @@
 # CHECK_CORES=1 (0: run every N whatever `nproc` says: a logic test on a small machine), FLOOR=1
 # (0: no --with-floor runs, e.g. a second pass under tools/with_mps.sh, whose floor -- no GPU --
 # is the first pass's), FEED_BATCH=1 (>1: bench --feed-batch, one EventBatch per shard of the
-# events due together, under each shard's batch topic).
+# events due together, under each shard's batch topic), EXTRA_ARGS (more bench arguments,
+# space-separated, e.g. --balance-shards).
 #
 # The dev VM (2 cores, no GPU), a logic test that never spins two processes at once:
 #   SHARDS="1 2" RATE_PER_SHARD=300 CHECK_CORES=0 PY=.venv/bin/python \
@@ -54,6 +55,7 @@ MIN_RUN_S=${MIN_RUN_S:-12}
 PY=${PY:-python3}
 CONFIG=${CONFIG:-configs/gpu.toml}
 EXTRA_SET=${EXTRA_SET:-}
+EXTRA_ARGS=${EXTRA_ARGS:-}
 CHECK_CORES=${CHECK_CORES:-1}
 FLOOR=${FLOOR:-1}
 FEED_BATCH=${FEED_BATCH:-1}
@@ -75,6 +77,7 @@ fi
 CORES=$(nproc)
 extra=()
 for kv in $EXTRA_SET; do extra+=(--set "$kv"); done
+for a in $EXTRA_ARGS; do extra+=("$a"); done
 
 model_args() {  # the --set arguments that pick the model
   case $1 in

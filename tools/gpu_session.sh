@@ -60,7 +60,8 @@
 #   tools/gpu_session.sh wave22            # landing: GPU tests; 12 lstm_a shards at 84k/s and 10 at 100k/s again
 #   tools/gpu_session.sh wave23            # where the saturated loop's stalls go (stall counters): 1 and 12 lstm_a shards
 #   tools/gpu_session.sh wave24            # admission's margin: 1 and 12 saturated lstm_a shards against BASE_TGZ;
-#                                          # a burst after a graph step (bench_cold_burst.py); GPU tests
+#                                          # 12 shards balanced by the feed's counts; a burst after a graph step
+#                                          # (bench_cold_burst.py); 12 shards with max_batch 128; GPU tests
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1047,14 +1048,17 @@ elif [ "$phase" = wave24 ]; then
   setup_base
   shards_alternated shards1 2 50 1024 100000 1 lstm_a:1
   shards_alternated shards12 1 60 1024 84000 12 lstm_a:12
-  # each of 12 shards owns ~85 instruments: a step of up to 128 rows can take every queued one (this tree)
-  shards_inst shards12_b128 60 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
+  # the feed's lognormal activity puts 1.11x the mean events on the busiest of 12 shards by position:
+  # the same run with the shards balanced by the feed's counts (bench --balance-shards)
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal 60 1024 84000 12 lstm_a:12
   # wave23 found ~75 % of a saturated shard's loop in ingest at ~7 µs an event, where bench_hotpath reads
   # the same frames back to back at ~1-2: the same burst back to back and after the service's own graph step
   step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
+  # each of 12 shards owns ~85 instruments: a step of up to 128 rows can take every queued one (this tree)
+  shards_inst shards12_b128 60 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
   summarize
   verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new_1 shards12_base_1 \
-           shards12_b128 cold_burst
+           shards12_bal cold_burst shards12_b128
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -145,6 +145,15 @@ def run_with_floor(load: Load, target: Target, run_dir: Path, *, with_floor: boo
     return out, stats, result
 
 
+def shard_weights_override(ids: list[int], instrument: np.ndarray) -> str:
+    """`universe.shard_weights=[...]`: each configured id's events in the feed, in ids order."""
+    position = {i: p for p, i in enumerate(ids)}
+    counts = [0] * len(ids)
+    for i, c in zip(*np.unique(instrument, return_counts=True)):
+        counts[position[int(i)]] = int(c)
+    return "universe.shard_weights=[" + ",".join(map(str, counts)) + "]"
+
+
 def run(args: argparse.Namespace):
     """Run one bench; returns the result dict (also run_dir/summary.json) and the stats
     receiver (every interval snapshot the service shipped, e.g. for soak analysis)."""
@@ -172,6 +181,11 @@ def run(args: argparse.Namespace):
         check_shard_count(args.shards, cfg, n_inst)
     if args.shard_collectors is not None and (args.shards is None or args.shard_collectors < 1):
         raise UserError("--shard-collectors must be >= 1 and needs --shards")
+    if args.balance_shards and args.shards is None:
+        raise UserError("--balance-shards goes with --shards N")
+    if args.balance_shards and cfg.universe.shard_weights:
+        raise UserError("--balance-shards computes universe.shard_weights from the feed: the config already sets "
+                        "them (drop one or the other)")
     if args.shards is not None and args.collectors > 1:
         raise UserError("--collectors splits one service's topics; with --shards, --shard-collectors K gives "
                         "K collectors of N/K shards each")
@@ -183,10 +197,13 @@ def run(args: argparse.Namespace):
     if ids != list(range(len(ids))):  # map generator ids 0..n-1 onto the configured ids
         events["instrument"] = np.asarray(ids, dtype=np.uint32)[events["instrument"]]
     offsets = poisson_rate(n_total, args.rate, args.seed) if args.poisson else constant_rate(n_total, args.rate)
+    overrides = list(args.overrides)
+    if args.balance_shards:
+        overrides.append(shard_weights_override(ids, events["instrument"]))
     load = Load(events, encode_feed(events), offsets, measure_from=n_warm,
                 description=f"{args.rate:g} events/s for {args.duration:g} s + {args.warmup:g} s warm-up, "
                             f"{'Poisson' if args.poisson else 'constant'} arrivals")
-    target = Target(cfg, args.config, list(args.overrides), start_service=True, null=args.null_service,
+    target = Target(cfg, args.config, overrides, start_service=True, null=args.null_service,
                     null_egress=args.null_egress, null_delay_us=args.null_delay_us)
     driver = drive
     if args.shards is not None:

@@ -38,7 +38,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                      "drains, prints the latency table and exits 0.")
     add_config_args(p)
     add_transport_argument(p)
-    p.add_argument("--shard", metavar="I/N", help="serve only shard I of N (instrument position %% N == I)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="serve only shard I of N (instrument position %% N == I, or universe.shard_weights' plan)")
     p.add_argument("--run-dir", metavar="DIR", help="where to write summary JSON and histograms")
     p.add_argument("--no-control", action="store_true", help="do not start the control process (dashboard)")
     p.add_argument("--json", metavar="PATH", help="also write the final summary JSON here")
@@ -96,6 +97,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-collectors", type=int, default=None, metavar="K",
                    help="with --shards: decision collector processes, each serving N/K shards (default: as many "
                         "as get a core of their own, dividing N; 1 on small machines)")
+    p.add_argument("--balance-shards", action="store_true",
+                   help="with --shards: split the instruments by the feed's own event counts (universe.shard_weights) "
+                        "so that every shard gets about the same events/s, instead of instrument position %% N")
     p.add_argument("--quiet", action="store_true", help="no live progress display")
 
 

@@ -5,7 +5,8 @@
          universe split), its own service.name (`<name>-sI`), so that every endpoint
          written with {name} is its own; its ingest endpoint is the one feed; placed by
          the config's [cpu] with slot = I (one core each under `cores = "auto"`)
-      -> each shard subscribes to its instruments' topics only (position % N == I)
+      -> each shard subscribes to its instruments' topics only (position % N == I, or
+         universe.shard_weights' plan: hft_infer/sharding.py)
       -> collector processes, each with one SUB per shard it serves (a Status names no
          shard, so frames are told apart by the socket they came on)
       -> per shard: the events of its instruments matched with its answers and its
@@ -73,6 +74,7 @@ from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames, load_sources
 from hft_infer.replay.events import busiest_instrument
 from hft_infer.replay.pacer import save_feed
+from hft_infer.sharding import load_spread
 
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
 
@@ -371,6 +373,9 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
     out["aggregate"]["loop"] = None if None in loops else {
         k: (max if k == "span_s" else sum)(lp[k] for lp in loops) for k in loops[0]}
     out["aggregate"]["busiest_instrument"] = busiest_instrument(inst, elapsed_s)
+    busiest, quietest = load_spread([p["accounting"]["sent"] for p in per_shard])
+    out["split"] = {"by": "universe.shard_weights" if shards[0].cfg.universe.shard_weights else "position % N",
+                    "busiest_over_mean": busiest, "quietest_over_mean": quietest}
     merged = out["aggregate"].pop("_tick_histogram")
     if merged.get_total_count():
         write_hgrm(merged, str(run_dir / f"{TICK_TO_DECISION}.hgrm"))

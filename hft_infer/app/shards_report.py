@@ -69,6 +69,7 @@ def shards_table(out: dict, title: str) -> str:
              + ", ".join(f"{k}={v:,}" for k, v in acc.items())
              + f"; answers from the wrong shard or for no event: {agg['unmatched_decisions']:,}, "
                f"duplicates: {agg['duplicates']:,}",
+             split_line(out.get("split")),
              reasons_line(agg.get("by_reason"), f"all {out['shards']} shards, summed"),
              f"harness: pacer {h['pacer']}" + (f" on core {h['pacer_core']}" if h["pacer_core"] is not None else "")
              + f", {h['collectors']} collector(s) ({h['collector']}; shards per collector "
@@ -79,6 +80,15 @@ def shards_table(out: dict, title: str) -> str:
     if out.get("service") != "null":
         lines.append(loop_line(agg.get("loop"), f"all {out['shards']} shards, summed"))
     return "\n".join(lines)
+
+
+def split_line(split: dict | None) -> str:
+    """How evenly the feed's events fell on the shards: the busiest shard sets what N deliver together."""
+    if not split:
+        return "feed split: -"
+    return (f"feed split (by {split['by']}): busiest shard {split['busiest_over_mean']:.2f}x the mean events, "
+            f"quietest {split['quietest_over_mean']:.2f}x"
+            + ("" if split["by"] != "position % N" else "; --balance-shards splits by the feed's counts instead"))
 
 
 def pacer_line(out: dict) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from hft_infer.accounting import SHED_REASON_NAMES
 from hft_infer.replay.synthetic import SyntheticConfig, generate
@@ -24,16 +25,19 @@ def bench(*args, tmp_path, timeout=300):
     return r, (json.loads(out.read_text()) if out.exists() else None)
 
 
-def expected_per_shard(n_events: int, n_inst: int, rate: float, shards: int, seed: int = 1) -> list[int]:
-    """Events of each shard in bench's feed: instrument position % shards (ids are 0..n-1)."""
-    ev = generate(n_events, SyntheticConfig(instruments=n_inst, seed=seed, rate_hz=rate))
-    return [int(np.count_nonzero(ev["instrument"] % shards == k)) for k in range(shards)]
+def expected_per_shard(n_events: int, n_inst: int, rate: float, shards: int, shard_of: np.ndarray) -> list[int]:
+    """Events of each shard in bench's feed (seed 1; ids are 0..n-1): shard_of[instrument]."""
+    ev = generate(n_events, SyntheticConfig(instruments=n_inst, seed=1, rate_hz=rate))
+    return [int(np.count_nonzero(shard_of[ev["instrument"]] == k)) for k in range(shards)]
 
 
-def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float) -> None:
+def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float,
+                shard_of: np.ndarray | None = None) -> None:
+    """shard_of: each instrument's shard (default: position % shards)."""
+    shard_of = np.arange(n_inst) % shards if shard_of is None else shard_of
     per = out["per_shard"]
     assert [p["shard"] for p in per] == [f"{k}/{shards}" for k in range(shards)]
-    assert [p["accounting"]["sent"] for p in per] == expected_per_shard(n_events, n_inst, rate, shards)
+    assert [p["accounting"]["sent"] for p in per] == expected_per_shard(n_events, n_inst, rate, shards, shard_of)
     for p in per:
         acc = p["accounting"]
         # every event of the shard ends in one outcome, in this shard; no answer from another shard
@@ -53,7 +57,7 @@ def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float)
     # each shard's busiest instrument, from the feed bench generated (seed 1)
     inst = generate(n_events, SyntheticConfig(instruments=n_inst, seed=1, rate_hz=rate))["instrument"]
     for k, p in enumerate(per):
-        ids, counts = np.unique(inst[inst % shards == k], return_counts=True)
+        ids, counts = np.unique(inst[shard_of[inst] == k], return_counts=True)
         b = p["busiest_instrument"]
         assert b["events"] == counts.max() and b["id"] in ids[counts == counts.max()]
     assert out["aggregate"]["busiest_instrument"]["events"] == max(p["busiest_instrument"]["events"] for p in per)
@@ -78,6 +82,32 @@ def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one
     text = r.stdout
     assert "hft-infer bench --shards 2" in text and "floor: the null service in 2 shard(s)" in text
     assert "\nall " in text and "service / floor" in text and "busiest/s" in text
+
+
+def test_balanced_shards_split_the_feed_by_its_counts_and_account_for_every_event(tmp_path):
+    """--balance-shards: each shard serves the instruments that universe.shard_weights (the feed's own
+    counts) give it, in the service and its floor alike; the busiest shard is nearer the mean than by
+    position, and the report says how even the split was."""
+    rate, dur, n_inst = 2000, 1.0, 9
+    r, out = bench("--shards", "3", "--balance-shards", "--with-floor", "--rate", str(rate), "--duration",
+                   str(dur), "--warmup", "0", "--instruments", str(n_inst), "--set", "universe.instruments=9",
+                   tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = int(rate * dur)
+    counts = np.bincount(generate(n, SyntheticConfig(instruments=n_inst, seed=1, rate_hz=rate))["instrument"],
+                         minlength=n_inst)
+    # the same plan from the same counts, independently: heaviest first onto the lightest shard
+    loads, sizes, shard_of = [0, 0, 0], [0, 0, 0], np.zeros(n_inst, dtype=np.int64)
+    for i in sorted(range(n_inst), key=lambda i: (-counts[i], i)):
+        k = min(range(3), key=lambda k: (loads[k], sizes[k], k))
+        shard_of[i], loads[k], sizes[k] = k, loads[k] + counts[i], sizes[k] + 1
+    check_split(out, 3, n, n_inst, rate, shard_of)
+    check_split(out["floor"], 3, n, n_inst, rate, shard_of)
+    by_position = [counts[k::3].sum() for k in range(3)]
+    assert out["split"]["by"] == "universe.shard_weights"
+    assert out["split"]["busiest_over_mean"] == pytest.approx(max(loads) / (n / 3))
+    assert max(loads) < max(by_position), (loads, by_position)  # this feed is skewed enough to show it
+    assert "feed split (by universe.shard_weights): busiest shard" in r.stdout
 
 
 def test_three_null_shards_with_a_collector_each(tmp_path):

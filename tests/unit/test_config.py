@@ -42,6 +42,8 @@ def test_dump_round_trips(tmp_path):
     ("cpu.cores=[0, -3]", "cpu.cores[1]"),
     ("universe.shard_index=3", "universe"),
     ("scheduler.default_class=7", "default_class"),
+    ("universe.shard_weights=[1.0, 2.0]", "`shard_weights` has 2 entries for 64 instruments"),
+    ("universe.shard_weights=[-1.0]", "universe.shard_weights[0]"),
     ("service.name=\"has space\"", "service.name"),
 ])
 def test_errors_name_the_field(override, fragment):

@@ -33,6 +33,9 @@ def run(*args, tmp_path):
     (["--shard-collectors", "2"], "--shard-collectors must be >= 1 and needs --shards"),
     (["--shards", "2", "--collectors", "2"], "with --shards, --shard-collectors K"),
     (["--feed-batch", "0"], "--feed-batch must be 1..65536"),
+    (["--balance-shards"], "--balance-shards goes with --shards N"),
+    (["--shards", "2", "--balance-shards", "--set", "universe.instruments=2", "--set", "universe.shard_weights=[1, 2]"],
+     "the config already sets them"),
 ])
 def test_bad_shard_options_are_one_line_and_exit_2_before_any_run(args, says, tmp_path):
     r = run(*args, tmp_path=tmp_path)
