@@ -295,6 +295,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def add_shard_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Count each configured instrument's events in recorded (or synthetic) market data and "
+                     "show how N shards would split them: by instrument position (serve --shard I/N's default) "
+                     "and balanced by those counts (universe.shard_weights, printed for every shard's config).")
+    add_source_arguments(p)
+    add_config_args(p, help_text="the shards' config: its universe (default: the embedded default)")
+    p.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards")
+    p.add_argument("--out", metavar="FILE", help="write the [universe] shard_weights line here instead of stdout")
+    p.add_argument("--events", type=int, default=200_000, help="synthetic: number of events (default 200000)")
+    p.add_argument("--seed", type=int, default=1, help="synthetic: seed (default 1, as bench)")
+    p.add_argument("--instrument-ids", metavar="IDS", help="LOBSTER: '3,4' by file or 'AAPL=3,MSFT=4' by ticker")
+    p.add_argument("--strict", action="store_true", help="LOBSTER: a malformed line is fatal")
+
+
 COMMANDS: dict[str, tuple[str, object, str]] = {
     # name: (help, argument builder, module under hft_infer.app with main(args))
     "serve": ("run the service until SIGINT/SIGTERM", add_serve_arguments, "serve"),
@@ -306,6 +320,8 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
                   "dashboard"),
     "check-config": ("validate a config and print it resolved", add_check_config_arguments, "check_config"),
     "systemd-unit": ("print a systemd unit for a config", add_systemd_unit_arguments, "systemd"),
+    "shard-plan": ("balance shards by recorded activity: universe.shard_weights from a capture",
+                   add_shard_plan_arguments, "shard_plan"),
     "keys": ("CURVE key management (generate, show, check)", add_keys_arguments, "keys"),
     "train": ("train a model on LOBSTER, capture or synthetic data into a checkpoint", add_train_arguments,
               "train_cmd"),

@@ -72,7 +72,8 @@ def read_capture_source(path: str, *, quiet: bool = False):
 
 
 
-def _source_kind(args: argparse.Namespace) -> str:
+def source_kind(args: argparse.Namespace) -> str:
+    """`--source`, or from SOURCE's names: 'synthetic', capture files (.cap), else LOBSTER."""
     if args.source != "auto":
         return args.source
     if args.sources == ["synthetic"]:
@@ -153,7 +154,7 @@ def check_numbers(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     check_numbers(args)
     cfg = load_config(args.config, args.overrides)
-    kind = _source_kind(args)
+    kind = source_kind(args)
     events, feed, offsets, event_record, how = _load(args, cfg, kind)
     run_dir = Path(args.run_dir or os.path.join("runs", f"replay-{time.strftime('%Y%m%d-%H%M%S')}"))
     load = Load(events, feed, offsets, description=f"{kind}, {how}", event_record=event_record)

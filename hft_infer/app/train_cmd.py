@@ -52,21 +52,12 @@ def _spec(args):
         raise UserError(f"--preset: {e}") from None
 
 
-def _kind(args) -> str:
-    if args.source != "auto":
-        return args.source
-    if args.sources == ["synthetic"]:
-        return "synthetic"
-    if all(s.endswith((".cap", ".capture")) for s in args.sources):
-        return "capture"
-    return "lobster"
-
-
 def load_data(args, levels: int) -> tuple[np.ndarray, np.ndarray, dict, float]:
     """(train events, held-out events, data description for the header, tick)."""
+    from hft_infer.app.replay_cmd import source_kind
     from hft_infer.models.training import TrainingError, split_by_time
 
-    kind = _kind(args)
+    kind = source_kind(args)
     if kind == "synthetic":
         from hft_infer.replay.synthetic import SyntheticConfig, generate
 

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = ["serve", "bench", "replay", "record", "report", "dashboard", "check-config", "systemd-unit", "keys",
-               "train"]
+               "shard-plan", "train"]
 
 
 def run(*args, **kw):
