@@ -24,7 +24,8 @@
 #
 # Knobs (environment): BUDGET_S=70 (whole script), SHARDS="1 2 4 8", MODELS="lstm_a default",
 # RATE_PER_SHARD=30000 (events/s offered per shard: one lstm_a shard saturates between 30k
-# and 50k/s, BENCHMARKS.md), DURATION=1, WARMUP=0.5 (s per run), INSTRUMENTS=64,
+# and 50k/s, BENCHMARKS.md), DURATION=1, WARMUP=0.5 (s per run), INSTRUMENTS=64 (the feed's, and the
+# universe's: universe.instruments is set to it, which a config with explicit universe.ids ignores),
 # RUN_CAP_S=40 (longest single run), MIN_RUN_S=12 (no run starts with less left), PY=python3 (has
 # hft_infer, pyzmq and msgspec), CONFIG=configs/gpu.toml, EXTRA_SET (more --set K=V,
 # space-separated, e.g. for a CPU-only test: 'ingest.poll_mode="event" runner.device="cpu"'),
@@ -75,7 +76,7 @@ if ! $PY -c "import hft_infer, zmq, msgspec" 2> "$OUTDIR/import.err"; then
 fi
 [ -f "$CONFIG" ] || { echo "bench_shards: no config $CONFIG (run from the repository root or set CONFIG)" >&2; exit 2; }
 CORES=$(nproc)
-extra=()
+extra=(--set "universe.instruments=$INSTRUMENTS")
 for kv in $EXTRA_SET; do extra+=(--set "$kv"); done
 for a in $EXTRA_ARGS; do extra+=("$a"); done
 
