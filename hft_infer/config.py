@@ -153,8 +153,11 @@ class UniverseConfig(_Section):
             raise ValueError("`ids` contains duplicates")
         if self.shard_index >= self.shard_count:
             raise ValueError("`shard_index` must be < `shard_count`")
+        n = len(self.ids) if self.ids else self.instruments
+        if self.shard_count > n:
+            raise ValueError(f"`shard_count` {self.shard_count} exceeds the universe's {n} instruments: "
+                             "a shard would serve none")
         if self.shard_weights:
-            n = len(self.ids) if self.ids else self.instruments
             if len(self.shard_weights) != n:
                 raise ValueError(f"`shard_weights` has {len(self.shard_weights)} entries for {n} instruments "
                                  "(one per instrument, in ids order)")

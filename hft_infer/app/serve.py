@@ -65,12 +65,25 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def resolve_config(args: argparse.Namespace) -> Config:
+def with_shard(args: argparse.Namespace) -> list[str]:
+    """The --set overrides, and --shard I/N's as two more."""
     overrides = list(getattr(args, "overrides", []) or [])
     if getattr(args, "shard", None):
         i, n = parse_shard(args.shard)
         overrides += [f"universe.shard_index={i}", f"universe.shard_count={n}"]
-    return load_config(args.config, overrides)
+    return overrides
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    overrides = with_shard(args)
+    try:
+        return load_config(args.config, overrides)
+    except ConfigError as e:  # a problem of --shard's own overrides is blamed on --shard, which the user typed
+        msg = str(e)
+        for o in overrides[len(overrides) - 2:] if getattr(args, "shard", None) else []:
+            if msg.startswith(f"--set {o}: "):
+                raise ConfigError(f"--shard {args.shard}: {msg[len(o) + 8:]}") from None
+        raise
 
 
 def run_dir_path(cfg: Config, explicit: str | None) -> Path:
@@ -108,10 +121,7 @@ def start_control(cfg: Config, args: argparse.Namespace, run_dir: Path, plan, lo
     It is optional: if it cannot start, the service runs without it."""
     if not cfg.control.enabled or getattr(args, "no_control", False):
         return None
-    overrides = list(getattr(args, "overrides", []) or [])
-    if getattr(args, "shard", None):
-        i, n = parse_shard(args.shard)
-        overrides += [f"universe.shard_index={i}", f"universe.shard_count={n}"]
+    overrides = with_shard(args)
     port = cfg.control.port
     if port and cfg.universe.shard_count > 1:
         port += cfg.universe.shard_index  # one dashboard per shard on one host

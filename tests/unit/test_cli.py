@@ -61,6 +61,17 @@ def test_bad_arguments_exit_2():
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("shard, says", [
+    ("2/3", "--shard 2/3: universe: `shard_count` 3 exceeds the universe's 2 instruments: a shard would serve none"),
+    ("3/3", "--shard '3/3': need 0 <= I < N"),
+    ("half", "--shard 'half': expected I/N"),
+])
+def test_a_shard_that_would_serve_nothing_is_refused_naming_the_shard(shard, says, tmp_path):
+    r = run("serve", "--shard", shard, "--set", "universe.instruments=2", "--no-control", "--run-dir",
+            str(tmp_path / "run"))
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 # --------------------------------------------------------------------------- check-config checks what serve refuses
 
 

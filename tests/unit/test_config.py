@@ -44,6 +44,7 @@ def test_dump_round_trips(tmp_path):
     ("scheduler.default_class=7", "default_class"),
     ("universe.shard_weights=[1.0, 2.0]", "`shard_weights` has 2 entries for 64 instruments"),
     ("universe.shard_weights=[-1.0]", "universe.shard_weights[0]"),
+    ("universe.shard_count=65", "`shard_count` 65 exceeds the universe's 64 instruments"),
     ("service.name=\"has space\"", "service.name"),
 ])
 def test_errors_name_the_field(override, fragment):
