@@ -62,6 +62,7 @@
 #   tools/gpu_session.sh wave24            # admission's margin: 1 and 12 saturated lstm_a shards against BASE_TGZ;
 #                                          # 12 shards balanced by the feed's counts; a burst after a graph step
 #                                          # (bench_cold_burst.py); 12 shards with max_batch 128; GPU tests
+#   BASE_TGZ=F tools/gpu_session.sh wave24s # wave24's most telling rows for a short call (BUDGET_S ~300-400)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1059,6 +1060,18 @@ elif [ "$phase" = wave24 ]; then
   summarize
   verbatim gpu_tests shards1_new_1 shards1_base_1 shards1_new_2 shards1_base_2 shards12_new_1 shards12_base_1 \
            shards12_bal cold_burst shards12_b128
+elif [ "$phase" = wave24s ]; then
+  # wave24 for a short call, most telling first: the GPU tests at the landing commit, 12 shards by
+  # position against 12 balanced by the feed's counts (same tree, back to back), the cold burst, then
+  # one saturated shard this tree against BASE_TGZ's; a step that would end past BUDGET_S is skipped
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  shards_inst shards12_pos 60 1024 84000 12 lstm_a:12
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal 60 1024 84000 12 lstm_a:12
+  step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
+  setup_base
+  shards_alternated shards1 1 50 1024 100000 1 lstm_a:1
+  summarize
+  verbatim gpu_tests shards12_pos shards12_bal cold_burst shards1_new_1 shards1_base_1
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
