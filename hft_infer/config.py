@@ -153,7 +153,7 @@ class UniverseConfig(_Section):
             raise ValueError("`ids` contains duplicates")
         if self.shard_index >= self.shard_count:
             raise ValueError("`shard_index` must be < `shard_count`")
-        n = len(self.ids) if self.ids else self.instruments
+        n = len(self.all_ids())
         if self.shard_count > n:
             raise ValueError(f"`shard_count` {self.shard_count} exceeds the universe's {n} instruments: "
                              "a shard would serve none")

@@ -6,7 +6,7 @@ feed's activity is skewed (a few instruments trade far more than the rest), and 
 capacity is in events/s, so the shard that draws the busiest instruments saturates first
 and sets what N shards deliver together. bench's synthetic feed (lognormal activity,
 sigma 0.5) over 1,024 instruments gives the busiest of 12 shards 1.11x the mean events
-by position (1.04x of 4, 1.07x of 8), and the quietest 0.86x: at 84k events/s a shard on
+by position (1.04x of 4, 1.06x of 8), and the quietest 0.86x: at 84k events/s a shard on
 average, one shard is offered 93k while another idles at 72k.
 
 `universe.shard_weights` (each instrument's expected events/s, e.g. yesterday's counts:
@@ -46,3 +46,20 @@ def load_spread(per_shard: Sequence[float]) -> tuple[float, float]:
     if mean <= 0.0:
         return 1.0, 1.0
     return max(per_shard) / mean, min(per_shard) / mean
+
+
+def event_counts(universe: Sequence[int], instruments) -> tuple[list[int], int]:
+    """(events of each universe id, in universe order; events of ids outside the universe) in an
+    array of instrument ids: the weights `bench --balance-shards` and `hft-infer shard-plan` use."""
+    import numpy as np  # here, not at import: config.py imports this module
+
+    ids, counts = np.unique(np.asarray(instruments), return_counts=True)
+    position = {i: p for p, i in enumerate(universe)}
+    per = [0] * len(universe)
+    outside = 0
+    for i, c in zip(ids.tolist(), counts.tolist()):
+        if i in position:
+            per[position[i]] = c
+        else:
+            outside += c
+    return per, outside

@@ -33,6 +33,7 @@ from hft_infer.config import Config, load_config
 from hft_infer.errors import UserError
 from hft_infer.replay.pacer import constant_rate, encode_feed, poisson_rate, save_feed
 from hft_infer.replay.synthetic import SyntheticConfig, generate
+from hft_infer.sharding import event_counts
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -147,10 +148,7 @@ def run_with_floor(load: Load, target: Target, run_dir: Path, *, with_floor: boo
 
 def shard_weights_override(ids: list[int], instrument: np.ndarray) -> str:
     """`universe.shard_weights=[...]`: each configured id's events in the feed, in ids order."""
-    position = {i: p for p, i in enumerate(ids)}
-    counts = [0] * len(ids)
-    for i, c in zip(*np.unique(instrument, return_counts=True)):
-        counts[position[int(i)]] = int(c)
+    counts, _ = event_counts(ids, instrument)  # bench's feed holds only configured ids
     return "universe.shard_weights=[" + ",".join(map(str, counts)) + "]"
 
 

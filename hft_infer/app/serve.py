@@ -80,9 +80,10 @@ def resolve_config(args: argparse.Namespace) -> Config:
         return load_config(args.config, overrides)
     except ConfigError as e:  # a problem of --shard's own overrides is blamed on --shard, which the user typed
         msg = str(e)
-        for o in overrides[len(overrides) - 2:] if getattr(args, "shard", None) else []:
-            if msg.startswith(f"--set {o}: "):
-                raise ConfigError(f"--shard {args.shard}: {msg[len(o) + 8:]}") from None
+        for o in overrides[-2:] if getattr(args, "shard", None) else []:
+            prefix = f"--set {o}: "
+            if msg.startswith(prefix):
+                raise ConfigError(f"--shard {args.shard}: {msg[len(prefix):]}") from None
         raise
 
 

@@ -20,7 +20,7 @@ from hft_infer.config import load_config
 from hft_infer.errors import UserError
 from hft_infer.replay.capture import decode_events
 from hft_infer.replay.synthetic import SyntheticConfig, generate
-from hft_infer.sharding import load_spread, shard_of_positions
+from hft_infer.sharding import event_counts, load_spread, shard_of_positions
 
 LEVELS = 1  # only the instrument column is read; a capture with more levels decodes the same ids
 
@@ -41,20 +41,6 @@ def source_instruments(args: argparse.Namespace, universe: list[int]) -> tuple[n
     result = load_lobster_source(args.sources, levels=LEVELS, strict=args.strict,
                                  instrument_ids=args.instrument_ids, quiet=True)
     return result.events["instrument"].astype(np.int64), ", ".join(args.sources)
-
-
-def event_counts(universe: list[int], instruments: np.ndarray) -> tuple[list[int], int]:
-    """(events of each universe id, in universe order; events of ids outside the universe)."""
-    ids, counts = np.unique(instruments, return_counts=True)
-    position = {i: p for p, i in enumerate(universe)}
-    per = [0] * len(universe)
-    outside = 0
-    for i, c in zip(ids.tolist(), counts.tolist()):
-        if i in position:
-            per[position[i]] = c
-        else:
-            outside += c
-    return per, outside
 
 
 def split_rows(counts: list[int], shard: list[int], n: int) -> list[tuple[int, int]]:
