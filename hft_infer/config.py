@@ -231,7 +231,7 @@ class SchedulerConfig(_Section):
     capacity: Annotated[int, Meta(ge=16)] = 65536
     """Request slots; an event arriving with none free is shed (QUEUE_FULL)."""
     max_pending_per_instrument: Annotated[int, Meta(ge=1)] = 64
-    """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL)."""
+    """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL). Each pending event keeps its row in the instrument's feature ring, so the ring is this plus the model's window rows a slot (at least 256; 168 bytes a row at 10 levels, pinned on a GPU host)."""
     admission: Literal["deadline", "depth"] = "deadline"
     """Stateful models: deadline: an instrument queues no more events than the service steps within max_age_us at its measured pace (the rest shed QUEUE_FULL) and an event its queue would make stale is shed LATE, both unapplied, so overload cannot make every queued event stale; depth: up to max_pending_per_instrument however long they wait (every row applied, decisions go stale under overload)."""
 
@@ -271,7 +271,7 @@ class RunnerConfig(_Section):
     max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2
     """GPU engines: steps in flight at once (staging buffers: the loop writes step k+1 while step k runs; the persistent engine's request ring holds at least 2)."""
     cpu_worker: bool = False
-    """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile; while a step runs the loop sleeps on the socket and the step's end rather than spin (a spinning loop holds the GIL the step needs). Pays when a step is long against the per-event work and a core is free for it (`serve` warns when the placement leaves it none)."""
+    """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile; while a step runs the loop sleeps on the socket and the step's end rather than spin (a spinning loop holds the GIL the step needs). Pays when a step is long against the per-event work and a core is free for it (`serve` warns when the placement leaves it none). The step reads the feature ring while the loop writes it, so each slot's ring also holds 2 x ingest.max_drain rows for the events ingested meanwhile."""
 
     @property
     def max_bucket(self) -> int:

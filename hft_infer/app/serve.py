@@ -191,12 +191,19 @@ def _serve(cfg: Config, args: argparse.Namespace, run_dir: Path, log) -> int:
                     f"ingest={service.endpoints['ingest']} decisions={service.endpoints['decisions']} "
                     f"poll={cfg.ingest.poll_mode} policy={cfg.scheduler.policy} "
                     f"{'conflating' if service.sched.conflate else 'sequential'} "
-                    f"instruments={service.n_slots} run_dir={run_dir}")
+                    f"instruments={service.n_slots} {ring_summary(service.store)} run_dir={run_dir}")
             log(line)
             notifier.ready(status=line)
 
         uvloop.run(service.run(on_ready=on_ready))
     return _report(service, cfg, run_dir, args, wrote_hgrm=control is not None, log=log)
+
+
+def ring_summary(store) -> str:
+    """The feature ring's size for the READY line: what a universe and a queue depth cost in memory
+    (pinned on a GPU host: runner/select.py, ring_depth, says what sets the depth)."""
+    mb = store.tensor.numel() * store.tensor.element_size() / 1e6
+    return f"ring_depth={store.depth} ring_mb={mb:.1f}{'(pinned)' if store.tensor.is_pinned() else ''}"
 
 
 def _open_sockets(service, cfg: Config, ctx) -> None:

@@ -30,17 +30,32 @@ class Runtime:
     engine: object
     sequential: bool  # scheduler discipline: every event in order (else conflation)
     conflate: bool
-    inflight_rows: int  # frames the loop may ingest while a step is in flight (the ring has room for them)
+    inflight_rows: int  # events the loop may ingest while a step is in flight, for an engine that reads the ring then
+
+
+# The fewest rows a slot's ring holds: the per-frame ingest handles a burst in chunks of at most
+# the ring's depth (ingest.py: no slot's ring may wrap within one), and a chunk's cost is partly
+# fixed. Single-event frames over 64 instruments, bursts of 256 (dev VM, 2026-12-05, chunks
+# forced): a conflating model's ingest costs 2.45 / 2.21 / 1.99 / 1.85 / 1.82 µs an event in
+# chunks of 32 / 64 / 128 / 256 / 544 rows, a sequential one's 2.40 / 2.38 / 2.30 / 2.31 / 2.31.
+RING_DEPTH_MIN = 256
 
 
 def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
     """(feature ring depth, in-flight ingest allowance). A slot's ring must hold every row a
-    request still to be stepped may read: the model's window behind the newest request, the
-    rows queued behind it (sequential: up to max_pending_per_instrument), and whatever the
-    loop ingests while a step is in flight, which the loop caps at the allowance (two bursts)."""
+    request still to be stepped may read: the model's window behind the newest request and the
+    rows queued behind it (sequential: up to max_pending_per_instrument). An engine that reads the
+    ring while the loop ingests (runner.cpu_worker: the step runs on a worker thread) also needs
+    room for what the loop ingests meanwhile, which the loop caps at the allowance (two bursts,
+    stepper.py); the GPU engines and the inline CPU engine copy a step's rows out at submit
+    (runner/staging.py), so for them the allowance takes no rows. At least RING_DEPTH_MIN rows.
+    Why it matters: the ring is n_slots x depth x 168 bytes (10 levels), pinned on a GPU host; with
+    the allowance in every ring the default config held 544 rows a slot, 914 MB for 10,000
+    instruments, where 256 hold 430 MB."""
     allowance = 2 * cfg.ingest.max_drain
     queued = cfg.scheduler.max_pending_per_instrument if sequential else 0
-    return window + queued + allowance, allowance
+    in_flight = allowance if cfg.runner.cpu_worker else 0
+    return max(window + queued + in_flight, RING_DEPTH_MIN), allowance
 
 
 def is_custom(model) -> bool:

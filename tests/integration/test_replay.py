@@ -194,6 +194,42 @@ def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tm
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"] > 0
 
 
+@pytest.mark.parametrize("feed_batch", [1, 64])
+def test_a_ring_as_deep_as_window_and_queue_keeps_every_row_a_step_reads(tmp_path, feed_batch):
+    """The feature ring of a sequential model on an engine that copies its rows at submit holds the
+    model's window and the queue, no more (runner/select.py, ring_depth): mlp_small reading its
+    32-row window at each step, every event in order (conflation off), with room for 300 queued
+    events a slot, is a ring of 332 rows, wrapped many times by 20,000 events over 2 instruments
+    offered past the service's pace (queues full, the rest shed QUEUE_FULL). A shorter ring
+    overwrites the oldest rows of the oldest queued events' windows before their steps; `--verify`
+    holds every decision to the offline reference, through single-event frames (the per-frame
+    chunk path) and EventBatch frames (the column path). Measured: a ring of 292 rows fails both
+    (3,723 of 4,476 decisions off by up to 0.15); at 312 the oldest rows of a window move the score
+    by less than verify's 1e-4, so this catches a ring ~10 % short, not one row short."""
+    from hft_infer.config import load_config
+    from hft_infer.runner.select import RING_DEPTH_MIN, build_runtime
+
+    overrides = ['model.checkpoint=""', 'model.preset="mlp_small"', 'scheduler.conflate="off"',
+                 "universe.instruments=2", "scheduler.max_pending_per_instrument=300", "scheduler.max_age_us=600000000"]
+    runtime = build_runtime(load_config(None, overrides), 2)
+    depth, window = runtime.store.depth, runtime.model.spec.window
+    runtime.engine.close()
+    assert runtime.sequential and depth == window + 300 > RING_DEPTH_MIN  # the window's and the queue's rows
+    with ServiceUnderTest(overrides) as svc:
+        svc.start(feed=False)
+        env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
+        r = cli("replay", "synthetic", "--events", "20000", "--instruments", "2", "--rate", "40000", "--feed-batch",
+                str(feed_batch), "--verify", "--set", "service.name=t", *sum((["--set", o] for o in overrides), []),
+                "--run-dir", str(tmp_path / "run"), "--quiet", env=env)
+        final = svc.stop()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert r.returncode == 0, r.stderr + r.stdout
+    acct = summary["accounting"]
+    assert acct["lost"] == 0 and final.received == 20000
+    assert acct["decided"] > 2 * 3 * depth and acct["shed"] > 0  # each slot's ring wrapped, its queue was full
+    assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"]
+
+
 def test_a_cpu_worker_reading_the_ring_in_flight_keeps_its_rows_under_event_batches(tmp_path):
     """runner.cpu_worker steps on a thread while the loop ingests; EventBatch frames of ~20 events
     (100k events/s, held up to 100 µs) over 4 instruments and an allowance of 32 rows (max_drain 16)
