@@ -63,6 +63,7 @@
 #                                          # 12 shards balanced by the feed's counts; a burst after a graph step
 #                                          # (bench_cold_burst.py); 12 shards with max_batch 128; GPU tests
 #   BASE_TGZ=F tools/gpu_session.sh wave24s # wave24's most telling rows for a short call (BUDGET_S ~300-400)
+#   tools/gpu_session.sh wave24b           # 12 lstm_a shards by position / balanced, max_batch 64 / 128 (~300 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1072,6 +1073,16 @@ elif [ "$phase" = wave24s ]; then
   shards_alternated shards1 1 50 1024 100000 1 lstm_a:1
   summarize
   verbatim gpu_tests shards12_pos shards12_bal cold_burst shards1_new_1 shards1_base_1
+elif [ "$phase" = wave24b ]; then
+  # wave24's two levers of 12 saturated lstm_a shards together (balanced by the feed's counts: +15 %; steps of up
+  # to 128 rows: +17 %, each against one run by position): by position and balanced, at max_batch 64 and 128
+  shards_inst shards12_pos 70 1024 84000 12 lstm_a:12
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal 70 1024 84000 12 lstm_a:12
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128 70 1024 84000 12 lstm_a:12 scheduler.max_batch=128 \
+    "runner.buckets=[1,2,4,8,16,32,64,128]"
+  shards_inst shards12_pos_b128 70 1024 84000 12 lstm_a:12 scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
+  summarize
+  verbatim shards12_pos shards12_bal shards12_bal_b128 shards12_pos_b128
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
