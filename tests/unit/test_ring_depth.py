@@ -11,7 +11,8 @@ from hft_infer.runner.select import RING_DEPTH_MIN, build_runtime
 
 
 def _runtime(*overrides: str):
-    cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', 'runner.device="cpu"', "universe.instruments=4", *overrides])
+    cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', 'runner.device="cpu"',
+                             "universe.instruments=4", *overrides])
     return cfg, build_runtime(cfg, 4)
 
 
