@@ -8,8 +8,9 @@ the script planned) and each run's `bench --shards --json` file; prints the tabl
 writes OUTDIR/summary.md and OUTDIR/summary.json. Efficiency from 1 to N shards:
 decided/s(N) / (N x decided/s(1)), at the same offered rate per shard; it only says
 something about capacity when one shard is saturated at that rate (decided < offered),
-and the table says when it is not. Exit 1 when a run failed or lost an event, or no run
-succeeded.
+and the table says when it is not. A run cut off after its feed (timeout) still gets its decided/s
+from its shards' service.json and the pacer's log where they are complete (`from_shards`), and
+stays a failure. Exit 1 when a run failed or lost an event, or no run succeeded.
 """
 
 from __future__ import annotations
@@ -17,8 +18,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
+
+_SENT = re.compile(r"pacer: sent (\d+) in ([0-9.]+) s")
+
+
+def from_shards(run_dir: Path, shards: int) -> dict:
+    """A run cut off after its feed (bench killed before its report: 12 shards under MPS took ~40 s
+    to be READY in wave24): decided/s from each shard's service.json and the pacer's send time, as
+    the report would compute it; {} unless the pacer finished and every shard wrote its summary.
+    Tick-to-decision and lost need the collectors' report and stay unknown."""
+    try:
+        sent_line = _SENT.findall((run_dir / "pacer.log").read_text())
+        accounts = [json.loads((run_dir / f"shard{i}" / "service" / "service.json").read_text())["accounting"]
+                    for i in range(shards)]
+    except (OSError, ValueError, KeyError):
+        return {}
+    if not sent_line:
+        return {}
+    sent, seconds = int(sent_line[-1][0]), float(sent_line[-1][1])
+    decided = sum(a["decided"] for a in accounts)
+    return {"decided_per_s": decided / seconds if seconds > 0 else None, "decided": decided, "sent": sent,
+            "shed": sum(a["shed"] for a in accounts), "from_shards": True}
 
 
 def load_rows(outdir: Path) -> list[dict]:
@@ -51,6 +74,10 @@ def load_rows(outdir: Path) -> list[dict]:
                 row |= {"floor_p50_us": f["p50_us"], "floor_p99_us": f["p99_us"]}
             if row["lost"] or row["unmatched"]:
                 row["state"] = "lost"
+        elif state in ("timeout", "cut-budget") and (got := from_shards(Path(path).with_suffix(""), int(n))):
+            row |= got
+            row["note"] = ((note + "; " if note else "")
+                           + "decided/s from the shards' service.json: cut off after the feed")
         rows.append(row)
     return rows
 

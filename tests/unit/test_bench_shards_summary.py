@@ -75,3 +75,37 @@ def test_the_script_refuses_bad_usage_and_skips_what_the_budget_cannot_hold(tmp_
     rows = (tmp_path / "out" / "runs.tsv").read_text().splitlines()
     assert [ln.split("\t")[:2] for ln in rows] == [["lstm_a", "1"], ["default", "1"], ["lstm_a", "2"],
                                                    ["default", "2"]]
+
+
+def _cut_off_run(outdir: Path, shards: int, decided: list[int], *, pacer: bool = True) -> str:
+    """A run directory as `bench --shards` leaves it when killed after its feed: each shard's
+    service.json and the pacer's log, no report (its --json path does not exist)."""
+    run = outdir / "runs" / f"lstm_a-n{shards}"
+    for i, d in enumerate(decided):
+        svc = run / f"shard{i}" / "service"
+        svc.mkdir(parents=True)
+        (svc / "service.json").write_text(json.dumps({"accounting": {"decided": d, "shed": 1000 - d}}))
+    if pacer:
+        (run / "pacer.log").write_text("14:56:30 pacer: 1037 subscriptions\n"
+                                       "14:56:34 pacer: sent 2520000 in 2.520 s (1,000,000/s)\n")
+    return str(run.with_suffix(".json"))
+
+
+def test_a_run_cut_off_after_its_feed_reports_decided_from_its_shards_and_still_fails(tmp_path, capsys):
+    path = _cut_off_run(tmp_path, 2, [600, 660])
+    write_tsv(tmp_path, [("lstm_a", 2, 1008000, "timeout", path, "52s")])
+    assert summary.main([str(tmp_path)]) == 1
+    row = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
+    assert row["decided"] == 1260 and row["decided_per_s"] == 1260 / 2.52 and row["sent"] == 2520000
+    assert row["state"] == "timeout" and "cut off after the feed" in row["note"]
+    assert "| 500 |" in capsys.readouterr().out  # 1,260 decided over 2.52 s
+
+
+def test_a_cut_off_run_missing_a_shard_or_the_pacer_line_reports_nothing(tmp_path):
+    one_shard = _cut_off_run(tmp_path / "a", 2, [600])  # shard1 never wrote its summary
+    no_pacer = _cut_off_run(tmp_path / "b", 2, [600, 660], pacer=False)
+    for outdir, path in ((tmp_path / "a", one_shard), (tmp_path / "b", no_pacer)):
+        write_tsv(outdir, [("lstm_a", 2, 1008000, "timeout", path, "52s")])
+        assert summary.main([str(outdir)]) == 1
+        row = json.loads((outdir / "summary.json").read_text())["runs"][0]
+        assert "decided_per_s" not in row and row["state"] == "timeout"
