@@ -41,18 +41,10 @@ class Runtime:
 RING_DEPTH_MIN = 256
 
 
-def rows_read(model, cfg: Config) -> int:
-    """Rows of a slot's ring one step reads for one request: its own row for an LSTM that keeps
-    its state (stream, or the incremental window: the state holds the past; the executors'
-    `ring_rows` and the GPU engines' `staged_rows` are 1), else the model's window."""
-    return 1 if is_stateful(model, cfg) else model.spec.window
-
-
-def ring_depth(cfg: Config, rows_per_step: int, sequential: bool) -> tuple[int, int]:
+def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
     """(feature ring depth, in-flight ingest allowance). A slot's ring must hold every row a
-    request still to be stepped may read: the rows a step reads behind the newest request
-    (rows_read: 1 or the window) and the rows queued behind it (sequential: up to
-    max_pending_per_instrument). An engine that reads the
+    request still to be stepped may read: the model's window behind the newest request and the
+    rows queued behind it (sequential: up to max_pending_per_instrument). An engine that reads the
     ring while the loop ingests (runner.cpu_worker: the step runs on a worker thread) also needs
     room for what the loop ingests meanwhile, which the loop caps at the allowance (two bursts,
     stepper.py); the GPU engines and the inline CPU engine copy a step's rows out at submit
@@ -63,7 +55,7 @@ def ring_depth(cfg: Config, rows_per_step: int, sequential: bool) -> tuple[int, 
     allowance = 2 * cfg.ingest.max_drain
     queued = cfg.scheduler.max_pending_per_instrument if sequential else 0
     in_flight = allowance if cfg.runner.cpu_worker else 0
-    return max(rows_per_step + queued + in_flight, RING_DEPTH_MIN), allowance
+    return max(window + queued + in_flight, RING_DEPTH_MIN), allowance
 
 
 def is_custom(model) -> bool:
@@ -110,7 +102,8 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
                           "per-instrument state and must see every row")
     conflate = conflates(model, cfg)
     sequential = not conflate
-    depth, allowance = ring_depth(cfg, rows_read(model, cfg), sequential)
+    window = model.spec.window
+    depth, allowance = ring_depth(cfg, window, sequential)
     device = resolve_device(cfg)
     engine_name = cfg.runner.engine
     if device == "cpu":
