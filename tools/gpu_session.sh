@@ -150,11 +150,20 @@ if ! $PY -c 'import hft_infer.app.cli' 2>/dev/null; then
   for d in transport kernels replay configs; do cp -r "$d" "$pkg/hft_infer/$d"; done
   export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# The project's runtime dependencies (pyproject.toml), by module: a device machine without one fails every step
-# at import (2026-12-05: tomli_w, which gpu-wheels does not fetch, cost a whole call), so stop here and say which
-NEED_MODULES="uvloop msgspec numpy zmq hdrh torch triton safetensors aiohttp prometheus_client rich tomli_w threadpoolctl"
-missing=$($PY -c 'import importlib.util as u, sys; print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' \
-          $NEED_MODULES)
+# The project's runtime dependencies, as pyproject.toml lists them (distribution names, looked up installed): a
+# device machine without one fails every step at import (2026-12-05: tomli_w, which gpu-wheels does not fetch,
+# cost a whole call), so stop here and say which
+missing=$($PY -c '
+import importlib.metadata as md, re, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    deps = tomllib.load(f)["project"]["dependencies"]
+def absent(name):
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return True
+    return False
+print(" ".join(n for n in (re.match(r"[A-Za-z0-9_.-]+", d).group(0) for d in deps) if absent(n)))' pyproject.toml)
 if [ -n "$missing" ]; then
   log "missing modules: $missing -- put their wheels in .whl/ (e.g. pip download --no-deps -d .whl tomli_w threadpoolctl) and run again; no step run"
   exit 3

@@ -45,10 +45,13 @@ def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
     """(feature ring depth, in-flight ingest allowance). A slot's ring must hold every row a
     request still to be stepped may read: the model's window behind the newest request and the
     rows queued behind it (sequential: up to max_pending_per_instrument). An engine that reads the
-    ring while the loop ingests (runner.cpu_worker: the step runs on a worker thread) also needs
-    room for what the loop ingests meanwhile, which the loop caps at the allowance (two bursts,
-    stepper.py); the GPU engines and the inline CPU engine copy a step's rows out at submit
-    (runner/staging.py), so for them the allowance takes no rows. At least RING_DEPTH_MIN rows.
+    ring while the loop ingests (WorkerEngine.reads_ring_in_flight: runner.cpu_worker, whose step
+    runs on a worker thread) also needs room for what the loop ingests meanwhile, which the loop
+    caps at the allowance (two bursts, stepper.py); the GPU engines and the inline CPU engine copy
+    a step's rows out at submit (runner/staging.py), so for them the allowance takes no rows. The
+    ring is built before the engine is chosen, so with runner.cpu_worker it keeps the allowance
+    even where a GPU engine serves (service.py wraps only the CPU engine): room to spare, never
+    too little. At least RING_DEPTH_MIN rows.
     Why it matters: the ring is n_slots x depth x 168 bytes (10 levels), pinned on a GPU host; with
     the allowance in every ring the default config held 544 rows a slot, 914 MB for 10,000
     instruments, where 256 hold 430 MB."""

@@ -10,18 +10,15 @@ from hft_infer.config import load_config
 from hft_infer.runner.select import RING_DEPTH_MIN, build_runtime
 
 
-def _runtime(*overrides: str):
-    cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', 'runner.device="cpu"',
-                             "universe.instruments=4", *overrides])
-    return cfg, build_runtime(cfg, 4)
-
-
 @pytest.fixture
 def runtimes():
+    """make(*overrides) -> (config, Runtime) of mlp_small on the CPU over 4 instruments; engines closed after."""
     made = []
 
     def make(*overrides: str):
-        cfg, rt = _runtime(*overrides)
+        cfg = load_config(None, ['model.checkpoint=""', 'model.preset="mlp_small"', 'runner.device="cpu"',
+                                 "universe.instruments=4", *overrides])
+        rt = build_runtime(cfg, 4)
         made.append(rt)
         return cfg, rt
 
