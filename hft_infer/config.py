@@ -231,7 +231,7 @@ class SchedulerConfig(_Section):
     capacity: Annotated[int, Meta(ge=16)] = 65536
     """Request slots; an event arriving with none free is shed (QUEUE_FULL)."""
     max_pending_per_instrument: Annotated[int, Meta(ge=1)] = 64
-    """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL). Each pending event keeps its row in the instrument's feature ring, so the ring is this plus the model's window rows a slot (at least 256; 168 bytes a row at 10 levels, pinned on a GPU host)."""
+    """Stateful models: pending events of one instrument beyond this are shed (QUEUE_FULL). Each pending event keeps its row in the instrument's feature ring, so the ring is this plus the rows a step reads a slot (1 for an LSTM that keeps its state, else the model's window; at least 256; 168 bytes a row at 10 levels, pinned on a GPU host)."""
     admission: Literal["deadline", "depth"] = "deadline"
     """Stateful models: deadline: an instrument queues no more events than the service steps within max_age_us at its measured pace (the rest shed QUEUE_FULL) and an event its queue would make stale is shed LATE, both unapplied, so overload cannot make every queued event stale; depth: up to max_pending_per_instrument however long they wait (every row applied, decisions go stale under overload)."""
 

@@ -22,8 +22,9 @@ graph engine gathers from it into its staging buffer, runner/staging.py);
 the CPU engine reads it through views of the same storage.
 
 Depth: rows stay in the ring until every request that may read them is done
-(runner/select.py, ring_depth, sizes it: the model's window and the pending
-rows of a sequential slot; with runner.cpu_worker, whose step reads the ring
+(runner/select.py, ring_depth, sizes it: the rows a step reads -- the
+model's window, or the event's own row for an LSTM that keeps its state --
+and the pending rows of a sequential slot; with runner.cpu_worker, whose step reads the ring
 while the loop ingests, also the rows the loop may ingest meanwhile, which it
 bounds per step (stepper.py); at least RING_DEPTH_MIN rows). Memory is
 n_slots x depth x row bytes, pinned on a GPU host: 256 rows of 10 levels are

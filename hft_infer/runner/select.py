@@ -41,24 +41,32 @@ class Runtime:
 RING_DEPTH_MIN = 256
 
 
-def ring_depth(cfg: Config, window: int, sequential: bool) -> tuple[int, int]:
+def rows_read(model, cfg: Config) -> int:
+    """Rows of a slot's ring one step reads for one request: its own row for an LSTM that keeps
+    its state (stream, or the incremental window: the state holds the past; the executors'
+    `ring_rows` and the GPU engines' `staged_rows` are 1), else the model's window."""
+    return 1 if is_stateful(model, cfg) else model.spec.window
+
+
+def ring_depth(cfg: Config, rows_per_step: int, sequential: bool) -> tuple[int, int]:
     """(feature ring depth, in-flight ingest allowance). A slot's ring must hold every row a
-    request still to be stepped may read: the model's window behind the newest request and the
-    rows queued behind it (sequential: up to max_pending_per_instrument). An engine that reads the
-    ring while the loop ingests (WorkerEngine.reads_ring_in_flight: runner.cpu_worker, whose step
-    runs on a worker thread) also needs room for what the loop ingests meanwhile, which the loop
-    caps at the allowance (two bursts, stepper.py); the GPU engines and the inline CPU engine copy
-    a step's rows out at submit (runner/staging.py), so for them the allowance takes no rows. The
-    ring is built before the engine is chosen, so with runner.cpu_worker it keeps the allowance
-    even where a GPU engine serves (service.py wraps only the CPU engine): room to spare, never
-    too little. At least RING_DEPTH_MIN rows.
+    request still to be stepped may read: the rows a step reads behind the newest request
+    (rows_read: 1 or the window) and the rows queued behind it (sequential: up to
+    max_pending_per_instrument). An engine that reads the ring while the loop ingests
+    (WorkerEngine.reads_ring_in_flight: runner.cpu_worker, whose step runs on a worker thread)
+    also needs room for what the loop ingests meanwhile, which the loop caps at the allowance
+    (two bursts, stepper.py); the GPU engines and the inline CPU engine copy a step's rows out at
+    submit (runner/staging.py), so for them the allowance takes no rows. The ring is built before
+    the engine is chosen, so with runner.cpu_worker it keeps the allowance even where a GPU engine
+    serves (service.py wraps only the CPU engine): room to spare, never too little. At least
+    RING_DEPTH_MIN rows.
     Why it matters: the ring is n_slots x depth x 168 bytes (10 levels), pinned on a GPU host; with
     the allowance in every ring the default config held 544 rows a slot, 914 MB for 10,000
     instruments, where 256 hold 430 MB."""
     allowance = 2 * cfg.ingest.max_drain
     queued = cfg.scheduler.max_pending_per_instrument if sequential else 0
     in_flight = allowance if cfg.runner.cpu_worker else 0
-    return max(window + queued + in_flight, RING_DEPTH_MIN), allowance
+    return max(rows_per_step + queued + in_flight, RING_DEPTH_MIN), allowance
 
 
 def is_custom(model) -> bool:
@@ -105,8 +113,7 @@ def build_runtime(cfg: Config, n_slots: int) -> Runtime:
                           "per-instrument state and must see every row")
     conflate = conflates(model, cfg)
     sequential = not conflate
-    window = model.spec.window
-    depth, allowance = ring_depth(cfg, window, sequential)
+    depth, allowance = ring_depth(cfg, rows_read(model, cfg), sequential)
     device = resolve_device(cfg)
     engine_name = cfg.runner.engine
     if device == "cpu":

@@ -194,27 +194,36 @@ def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tm
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"] > 0
 
 
+# (model overrides, rows one step reads): a window reader, and an LSTM whose state holds the past
+RING_MODELS = {"mlp_small_sequential": (['model.preset="mlp_small"', 'scheduler.conflate="off"'], 32),
+               "lstm_a_stream": (['model.preset="lstm_a"', 'model.mode="stream"'], 1)}
+
+
 @pytest.mark.parametrize("feed_batch", [1, 64])
-def test_a_ring_as_deep_as_window_and_queue_keeps_every_row_a_step_reads(tmp_path, feed_batch):
+@pytest.mark.parametrize("model", list(RING_MODELS))
+def test_a_ring_as_deep_as_a_step_reads_and_the_queue_keeps_every_row(tmp_path, model, feed_batch):
     """The feature ring of a sequential model on an engine that copies its rows at submit holds the
-    model's window and the queue, no more (runner/select.py, ring_depth): mlp_small reading its
+    rows a step reads and the queue, no more (runner/select.py, ring_depth): mlp_small reading its
     32-row window at each step, every event in order (conflation off), with room for 300 queued
-    events a slot, is a ring of 332 rows, wrapped many times by 20,000 events over 2 instruments
-    offered past the service's pace (queues full, the rest shed QUEUE_FULL). A shorter ring
-    overwrites the oldest rows of the oldest queued events' windows before their steps; `--verify`
-    holds every decision to the offline reference, through single-event frames (the per-frame
-    chunk path) and EventBatch frames (the column path). Measured: a ring of 292 rows fails both
-    (3,723 of 4,476 decisions off by up to 0.15); at 312 the oldest rows of a window move the score
-    by less than verify's 1e-4, so this catches a ring ~10 % short, not one row short."""
+    events a slot, is a ring of 332 rows; lstm_a in stream mode, which reads each event's own row
+    (its state holds the past), one of 301. Each is wrapped many times by 20,000 events over 2
+    instruments offered past the service's pace (queues full, the rest shed QUEUE_FULL). A shorter
+    ring overwrites rows of the oldest queued events before their steps; `--verify` holds every
+    decision to the offline reference, through single-event frames (the per-frame chunk path) and
+    EventBatch frames (the column path). Measured for mlp_small: a ring of 292 rows fails both (3,723
+    of 4,476 decisions off by up to 0.15); at 312 the oldest rows of a window move the score by less
+    than verify's 1e-4, so there it catches a ring ~10 % short. Every row of the LSTM changes every
+    later score of its instrument: a ring of 299 rows fails both (2,944 of 3,620 decisions wrong)."""
     from hft_infer.config import load_config
     from hft_infer.runner.select import RING_DEPTH_MIN, build_runtime
 
-    overrides = ['model.checkpoint=""', 'model.preset="mlp_small"', 'scheduler.conflate="off"',
-                 "universe.instruments=2", "scheduler.max_pending_per_instrument=300", "scheduler.max_age_us=600000000"]
+    model_overrides, rows = RING_MODELS[model]
+    overrides = ['model.checkpoint=""', *model_overrides, "universe.instruments=2",
+                 "scheduler.max_pending_per_instrument=300", "scheduler.max_age_us=600000000"]
     runtime = build_runtime(load_config(None, overrides), 2)
-    depth, window = runtime.store.depth, runtime.model.spec.window
+    depth = runtime.store.depth
     runtime.engine.close()
-    assert runtime.sequential and depth == window + 300 > RING_DEPTH_MIN  # the window's and the queue's rows
+    assert runtime.sequential and depth == rows + 300 > RING_DEPTH_MIN  # a step's rows and the queue's
     with ServiceUnderTest(overrides) as svc:
         svc.start(feed=False)
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)

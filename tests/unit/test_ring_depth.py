@@ -40,6 +40,18 @@ def test_a_sequential_model_holds_its_window_and_its_queue(runtimes):
     assert rt.store.depth == rt.model.spec.window + 1000
 
 
+def test_an_lstm_keeping_its_state_holds_one_row_a_step_and_its_queue(runtimes):
+    """Stream mode and the incremental window read each event's own row (the state holds the past):
+    the window (50 rows for lstm_a) takes no room in the ring; recomputing the window does."""
+    for mode in ('model.mode="stream"', 'model.window_method="incremental"'):
+        _, rt = runtimes('model.preset="lstm_a"', mode, "scheduler.max_pending_per_instrument=1000")
+        assert rt.sequential and rt.model.spec.window > 1
+        assert rt.store.depth == 1 + 1000
+    _, rt = runtimes('model.preset="lstm_a"', 'model.window_method="recompute"', 'scheduler.conflate="off"',
+                     "scheduler.max_pending_per_instrument=1000")
+    assert rt.sequential and rt.store.depth == rt.model.spec.window + 1000
+
+
 def test_a_cpu_worker_reading_the_ring_in_flight_also_holds_what_the_loop_ingests_meanwhile(runtimes):
     _, plain = runtimes('scheduler.conflate="off"', "scheduler.max_pending_per_instrument=1000")
     cfg, worker = runtimes('scheduler.conflate="off"', "scheduler.max_pending_per_instrument=1000",
