@@ -24,8 +24,8 @@ Scheduler.push_many would queue it: each slot's events up to its room in the sch
 shed QUEUE_FULL, rows unwritten), their rows scattered into the ring, deadlines judged over the
 columns (a stale event shed LATE, unapplied, under deadline admission; queued apply-only under
 depth admission), and the pushes one loop over columns
-(Scheduler.push_in_order) instead of ~2 µs of per-event Python each (tools/bench_hotpath.py's
-"sequential" rows).
+(Scheduler.push_columns: numpy scatters into the request table) instead of ~2 µs of per-event
+Python each (tools/bench_hotpath.py's "sequential" rows).
 
 Everything else -- a shorter run, another number of levels, any event that fails a check, a
 gap, a restart or a repeat in the sequence, a batch under another topic than the service's batch
@@ -298,7 +298,7 @@ class EventBatchPaths:
         admission it is shed LATE instead, unapplied, as the per-frame path does, and the
         positions of its slot's later events close up). False, having changed nothing, when the
         free request ids would run out (the general path decides which events go without). The
-        pushes are one loop over columns (Scheduler.push_in_order); the rest is numpy over the run."""
+        pushes are numpy scatters into the scheduler's tables (Scheduler.push_columns), as the rest."""
         _, seq, ts_send, prio, trades, *_ = cols
         sched = self.sched
         n = len(seq)
@@ -342,19 +342,22 @@ class EventBatchPaths:
         if self.honour_priority:
             p = prio.astype(np.int64)
             cls = np.where(p < 0, cls, np.minimum(p, self.max_class))
-        args = (slots, positions, seq, cls, t_recv, origin, send, stale)
+        # each event's rank among its slot's events queued (feed order): push_columns's slot_runs,
+        # from the sort done here already
+        rank_in_feed = np.empty(n, dtype=np.int64)
+        rank_in_feed[order] = rank
+        args = (slots, positions, seq, cls, t_recv, origin, send, stale, rank_in_feed)
+        uniq_np = s_sorted.take(starts).astype(np.int64)
         if every:
             in_feed = None
             k = n
-            done = sched.push_in_order(*[a.tolist() for a in args])
         else:
             in_feed = np.empty(n, dtype=bool)
             in_feed[order] = keep
             ok = np.flatnonzero(in_feed)
             k = len(ok)
-            done = sched.push_in_order(*[a.take(ok).tolist() for a in args])
-        if done != k:
-            raise AssertionError("push_in_order refused an event the room check accepted")
+            args = [a.take(ok) for a in args]
+        sched.push_columns(*args[:-1], runs=(uniq_np, accepted, args[-1]))
         count, last_seq = self.store.count, self.last_seq
         for slot, b, a, q in zip(uniq, before.tolist(), accepted.tolist(), q_sorted[ends - 1].tolist()):
             count[slot] = b + a

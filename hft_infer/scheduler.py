@@ -88,9 +88,12 @@ every admitted row applied at any load. Under `"deadline"` (the default):
   and fades to nothing (under 32 ns) once batches stop picking them, and it
   corrects any systematic error of the model, whatever its cause. Exported as the gauge `admit_margin_us`.
 
-All state lives in Python lists preallocated at start-up (scalar stores into
-lists are ~4x cheaper than into numpy arrays from Python; measured in
-tools/bench_hotpath.py); request ids come from a free list, so
+State is preallocated at start-up in numpy arrays that the per-event code reads
+and writes through memoryviews of them (`r_slot`, `s_len`, ...: a scalar store
+~23 ns on the dev VM, against ~10 into a list and ~35 into the array itself),
+so that the EventBatch column path can queue a whole run with a few numpy
+scatters (`push_columns`) where a loop over lists cost ~0.7-1.5 µs an event
+(BENCHMARKS.md wave 24). Request ids come from a free list, so
 `live_requests()` (ids handed out and not yet released) is counted
 independently of the service's outcome counters.
 """
@@ -105,6 +108,29 @@ from hft_infer.config import SchedulerConfig
 
 NO_REQUEST = -1
 _KEY = itemgetter(0)
+# the request table's columns (Scheduler.r_<name>): seq and ts_send_ns are what the codec
+# accepts (uint64; int64, transport/codec.py TS_LIMIT), the clocks perf_counter_ns
+_REQUEST_COLUMNS = (("slot", np.int64), ("pos", np.int64), ("seq", np.uint64), ("cls", np.int64),
+                    ("recv_ns", np.int64), ("origin_ns", np.int64), ("send_epoch_ns", np.int64),
+                    ("nconf", np.int64), ("stale", np.bool_))
+
+
+def slot_runs(slots) -> tuple:
+    """(uniq, counts, rank) of a column of slots in feed order: the distinct slots (ascending),
+    how many events each has, and each event's place among its slot's events (feed order):
+    what Scheduler.push_columns needs to place events in their slots' rings."""
+    k = len(slots)
+    order = slots.argsort(kind="stable")  # a radix sort for the column path's int16 slots
+    s_sorted = slots.take(order)
+    edge = np.empty(k + 1, dtype=bool)
+    edge[0] = edge[k] = True
+    np.not_equal(s_sorted[1:], s_sorted[:-1], out=edge[1:k])
+    bounds = np.flatnonzero(edge)
+    starts = bounds[:-1]
+    counts = bounds[1:] - starts
+    rank = np.empty(k, dtype=np.int64)
+    rank[order] = np.arange(k) - np.repeat(starts, counts)
+    return s_sorted.take(starts).astype(np.int64), counts, rank
 
 
 class AdaptiveWait:
@@ -185,21 +211,22 @@ class Scheduler:
 
         cap = cfg.capacity
         self.capacity = cap
-        # request table, indexed by request id
-        self.r_slot = [0] * cap
-        self.r_pos = [0] * cap
-        self.r_seq = [0] * cap
-        self.r_cls = [0] * cap
-        self.r_recv_ns = [0] * cap  # perf_counter_ns at receive
-        self.r_origin_ns = [0] * cap  # perf_counter_ns the deadline counts from (send time, else receive)
-        self.r_send_epoch_ns = [0] * cap  # publisher's ts_send_ns (echoed in the decision)
-        self.r_nconf = [0] * cap
-        self.r_stale = [False] * cap
+        # request table, indexed by request id: numpy columns (push_columns scatters into them)
+        # and a memoryview of each for the scalar code (module docstring)
+        self._r = {name: np.zeros(cap, dtype) for name, dtype in _REQUEST_COLUMNS}
+        r = {name: memoryview(col) for name, col in self._r.items()}
+        self.r_slot, self.r_pos, self.r_seq, self.r_cls = r["slot"], r["pos"], r["seq"], r["cls"]
+        self.r_recv_ns = r["recv_ns"]  # perf_counter_ns at receive
+        self.r_origin_ns = r["origin_ns"]  # perf_counter_ns the deadline counts from (send time, else receive)
+        self.r_send_epoch_ns = r["send_epoch_ns"]  # publisher's ts_send_ns (echoed in the decision)
+        self.r_nconf, self.r_stale = r["nconf"], r["stale"]
         self._free = list(range(cap - 1, -1, -1))
 
         # per slot
-        self.s_queued = [False] * n_slots
-        self.s_enq_ns = [0] * n_slots  # aging base of the slot's FIFO entry
+        self._s_queued = np.zeros(n_slots, np.bool_)
+        self._s_enq_ns = np.zeros(n_slots, np.int64)
+        self.s_queued = memoryview(self._s_queued)
+        self.s_enq_ns = memoryview(self._s_enq_ns)  # aging base of the slot's FIFO entry
         self.s_rid = [NO_REQUEST] * n_slots  # conflating: the one pending request
         self.max_pending = cfg.max_pending_per_instrument
         # admission (module docstring): events a slot may queue, and the pace that sets it
@@ -214,10 +241,16 @@ class Scheduler:
         self._t_last_batch = 0
         self._backlogged = False
         if sequential:
+            # each slot's FIFO of request ids: a ring of max_pending, one row of a 2-D array
+            # (`_s_ring_flat`: push_columns's scatter) seen as a memoryview per slot
             m = self.max_pending
-            self.s_ring = [[0] * m for _ in range(n_slots)]
-            self.s_head = [0] * n_slots
-            self.s_len = [0] * n_slots
+            self._s_ring = np.zeros((n_slots, m), np.int64)
+            self._s_ring_flat = self._s_ring.reshape(-1)
+            self.s_ring = [memoryview(row) for row in self._s_ring]
+            self._s_head = np.zeros(n_slots, np.int64)
+            self._s_len = np.zeros(n_slots, np.int64)
+            self.s_head = memoryview(self._s_head)
+            self.s_len = memoryview(self._s_len)
 
         # class FIFOs of slots (a slot is in at most one FIFO, so n_slots suffices)
         self.q_buf = [[0] * n_slots for _ in range(cfg.classes)]
@@ -369,6 +402,63 @@ class Scheduler:
             free.extend(reversed(rids[done:]))  # the ids not used, back as push would find them
         return done
 
+    def push_columns(self, slots, positions, seqs, classes, recvs_ns, origins_ns, sends_epoch_ns, stales,
+                     runs: tuple | None = None) -> None:
+        """Sequential models: queue events given as numpy columns (push's arguments, in feed
+        order; `stales` bool), every one of which the caller found room for (`rooms`,
+        `free_requests`: the EventBatch column path, ingest_batch.py), leaving the state that
+        `push` for each in turn would: the same request ids, table, slot rings and class
+        FIFOs, aging bases and counters (tests/unit/test_scheduler_push_many.py). Each column is
+        one numpy scatter and the slots' rings one more; Python runs per class, not per event.
+        `runs`: the events' `slot_runs`, when the caller has them (the column path sorts its run
+        by slot anyway: ~13 µs of numpy a call saved on the dev VM). Raises ValueError, having
+        changed nothing, if an event does not fit."""
+        k = len(slots)
+        if k == 0:
+            return
+        uniq, counts, rank = slot_runs(slots) if runs is None else runs
+        queued = self._s_len.take(uniq)
+        free = self._free
+        nf = len(free)
+        if k > nf or (counts > np.maximum(self.admit_depth - queued, 0)).any():
+            raise ValueError("push_columns: an event beyond its slot's room or the free request ids")
+        rids = np.array(free[nf - k:], dtype=np.int64)[::-1]  # the ids push would pop, in its order
+        del free[nf - k:]
+        slots = slots.astype(np.int64, copy=False)  # int16 from the column path: slot * max_pending overflows it
+        mp = self.max_pending
+        # each event's place in its slot's ring: behind what was queued, then its rank in the call
+        ring_at = self._s_head.take(slots) + self._s_len.take(slots) + rank
+        np.remainder(ring_at, mp, out=ring_at)
+        self._s_ring_flat[slots * mp + ring_at] = rids
+        self._s_len[uniq] = queued + counts
+        r = self._r
+        for name, col in (("slot", slots), ("pos", positions), ("seq", seqs), ("cls", classes),
+                          ("recv_ns", recvs_ns), ("origin_ns", origins_ns), ("send_epoch_ns", sends_epoch_ns),
+                          ("stale", stales)):
+            r[name][rids] = col
+        r["nconf"][rids] = 0
+        self.pending += k
+        # the slots this call queues anew go to the end of their class FIFOs in the feed order of
+        # their first events (rank 0), each at that event's class and receive time (as push would)
+        firsts = np.flatnonzero(rank == 0)
+        firsts = firsts[~self._s_queued.take(slots.take(firsts))]
+        if not len(firsts):
+            return
+        new_slots, new_cls = slots.take(firsts), classes.take(firsts)
+        self._s_queued[new_slots] = True
+        self._s_enq_ns[new_slots] = recvs_ns.take(firsts)
+        self.queued_slots += len(firsts)
+        nslots = self._n_slots
+        for c in (0,) if self.classes == 1 else np.unique(new_cls).tolist():
+            part = new_slots.tolist() if self.classes == 1 else new_slots[new_cls == c].tolist()
+            buf, n = self.q_buf[c], self.q_len[c]
+            at = (self.q_head[c] + n) % nslots
+            split = nslots - at  # the FIFO's ring wraps after this many
+            buf[at:at + len(part)] = part[:split]
+            if len(part) > split:
+                buf[:len(part) - split] = part[split:]
+            self.q_len[c] = n + len(part)
+
     def room(self, slot: int) -> int:
         """Sequential: events `slot` can still queue before push refuses it."""
         room = self.admit_depth - self.s_len[slot]
@@ -377,7 +467,7 @@ class Scheduler:
     def rooms(self, slots: list[int]) -> np.ndarray:
         """`room` of each of `slots`, as one int64 array (the EventBatch column path: a method
         call per slot cost more than the rest of a short run's per-slot work)."""
-        room = self.admit_depth - np.fromiter(map(self.s_len.__getitem__, slots), dtype=np.int64, count=len(slots))
+        room = self.admit_depth - self._s_len.take(slots)
         return np.maximum(room, 0, out=room)  # the depth may have shrunk below what is queued
 
     def free_requests(self) -> int:
@@ -648,7 +738,7 @@ class Scheduler:
         p, place = self.step_period_ns, self.place_ns
         if not (p or place):
             return None
-        queued = np.fromiter(map(self.s_len.__getitem__, uniq), dtype=np.int64, count=len(uniq))
+        queued = self._s_len.take(uniq)
         anew = np.flatnonzero(queued == 0)
         ahead = np.zeros(len(uniq), dtype=np.int64)  # slots this run queues anew before this one
         ahead[anew[np.argsort(first[anew], kind="stable")]] = np.arange(len(anew))

@@ -84,6 +84,8 @@ PHASES = (
     (ingest_batch.EventBatchPaths, "_queue_run_in_order", "      _queue_run_in_order"),
     (scheduler_module.Scheduler, "run_waits_ns", "        Scheduler.run_waits_ns"),
     (ingest_batch.EventBatchPaths, "_write_rows", "        _write_rows"),
+    (scheduler_module.Scheduler, "push_columns", "        Scheduler.push_columns"),
+    # the column path's push before push_columns (a baseline tree's, when this tool times one)
     (scheduler_module.Scheduler, "push_in_order", "        Scheduler.push_in_order"),
 )
 
@@ -96,6 +98,8 @@ class PhaseClock:
         self.ns: dict[str, int] = {}
         self._saved = []
         for owner, attr, label in PHASES:
+            if not hasattr(owner, attr):  # another tree's parts (PYTHONPATH): its own rows only
+                continue
             self._saved.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, self._wrap(getattr(owner, attr), label))
 

@@ -261,7 +261,7 @@ def test_deadline_admission_sheds_what_its_queue_would_make_stale(how):
         events = [(0, 2, 3.0, aged), (1, 0, 4.0, aged), (0, 3, 5.0, 0)] + [(i, 0, 6.0, 0)
                                                                            for i in range(2, COLUMNS_MIN + 2)]
         assert _late_of(rig, how, events) == [(0, 2)]
-        assert rig.store.count[:3] == [3, 1, 1] and rig.sched.s_len[:3] == [3, 1, 1]
+        assert rig.store.count[:3] == [3, 1, 1] and rig.sched.s_len[:3].tolist() == [3, 1, 1]
         assert rig.ingest.last_seq[0] == 3 and rig.identity_holds()
         assert rig.column_runs == ([1] if how == "event_batch" else [])
     finally:
@@ -311,7 +311,7 @@ def test_deadline_admission_sheds_by_the_schedulers_margin(how):
         aged = time.time_ns() - 6_000_000
         events = [(1, 0, 4.0, aged), (0, 0, 5.0, 0)] + [(i, 0, 6.0, 0) for i in range(2, COLUMNS_MIN + 2)]
         assert _late_of(rig, how, events) == [(1, 0)]
-        assert rig.store.count[:3] == [1, 0, 1] and rig.sched.s_len[:3] == [1, 0, 1]
+        assert rig.store.count[:3] == [1, 0, 1] and rig.sched.s_len[:3].tolist() == [1, 0, 1]
         assert rig.identity_holds()
         assert rig.column_runs == ([1] if how == "event_batch" else [])
     finally:

@@ -64,18 +64,19 @@ def test_flooded_class_0_does_not_starve_class_3(sequential):
     low_at = None
     served_low_at = None
     overtaken_by_late = 0
+    low_seq = 10**9  # marks the class-3 request (the flood's seqs are its ticks)
     for tick in range(3000):
         t += 10 * US
         for _ in range(3):
             slot = (slot + 1) % (n_slots - 1)
             s.push(slot, 0, tick, 0, t, t, 0)
         if tick == 1000:
-            s.push(n_slots - 1, 0, -1, 3, t, t, 0)
+            s.push(n_slots - 1, 0, low_seq, 3, t, t, 0)
             low_at = t
         entry_enq = list(s.s_enq_ns)  # when each queued slot entry was enqueued (its aging base)
         n = s.form_batch(t)
         for r in s.batch_rids[:n]:
-            if s.r_seq[r] == -1:
+            if s.r_seq[r] == low_seq:
                 served_low_at = t
             elif (low_at is not None and served_low_at is None
                   and entry_enq[s.r_slot[r]] > low_at + 3 * aging_us * US):

@@ -38,9 +38,21 @@ def _sched(n_slots: int, classes: int, max_pending: int, capacity: int, max_batc
     return Scheduler(cfg, n_slots, sequential=True, conflate=False, class_by_slot_kind=table)
 
 
+def _plain(v):
+    """A scheduler attribute as comparable Python values: its numpy tables and the memoryviews
+    over them as lists (whole, stale entries too), containers of them element by element."""
+    if isinstance(v, (np.ndarray, memoryview)):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list) and v and isinstance(v[0], (np.ndarray, memoryview, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
 def _state(s: Scheduler) -> dict:
-    """Everything the scheduler holds (its preallocated lists compared whole, stale entries too)."""
-    out = {k: v for k, v in vars(s).items() if k != "adaptive"}
+    """Everything the scheduler holds (its preallocated tables compared whole, stale entries too)."""
+    out = {k: _plain(v) for k, v in vars(s).items() if k != "adaptive"}
     out["adaptive"] = None if s.adaptive is None else vars(s.adaptive)
     return out
 
@@ -133,11 +145,83 @@ def test_refused_events_are_each_slots_last_and_all_after_the_ids_run_out():
     order = [0, 1, 0, 0, 0, 1, 0, 2]  # slot 0: 3 queued, then 2 refused; slots 1 and 2 queued in between
     events = [(slot, k, k, k % 2, t + k, t + k, 0, k == 7) for k, slot in enumerate(order)]
     assert s.push_many(events) == [4, 6]
-    assert s.live_requests() == 6 and s.s_len[:3] == [3, 2, 1]
+    assert s.live_requests() == 6 and s.s_len[:3].tolist() == [3, 2, 1]
     s2 = _sched(n_slots=6, classes=1, max_pending=8, capacity=16, max_batch=4, aging_us=1e9, max_age_us=10**9)
     chunk = [(k % 6, k // 6, k // 6, 0, t + k, t + k, 0, False) for k in range(20)]
     assert s2.push_many(chunk) == [16, 17, 18, 19]
     assert s2.push_many([]) == [] and s2.live_requests() == 16 and s2.pending == 16
+
+
+def _fitting(s: Scheduler, events: list[tuple]) -> list[tuple]:
+    """The events of a chunk that `s` has room for, as the column path keeps them (each slot's
+    first ones up to its room, then as many as the free request ids allow)."""
+    room = {slot: s.room(slot) for slot in range(s._n_slots)}
+    out = []
+    for e in events:
+        if room[e[0]] and len(out) < s.free_requests():
+            room[e[0]] -= 1
+            out.append(e)
+    return out
+
+
+def _columns(events: list[tuple]) -> list[np.ndarray]:
+    """push's arguments as the column path's numpy columns (slots int16, seq uint64, stale bool)."""
+    dtypes = (np.int16, np.int64, np.uint64, np.int64, np.int64, np.int64, np.int64, np.bool_)
+    return [np.array(col, dtype=d) for col, d in zip(zip(*events), dtypes)]
+
+
+@settings(max_examples=400, **SETTINGS)
+@given(scenarios())
+def test_push_columns_ends_in_the_state_of_one_push_per_event(scenario):
+    """The column path's push (numpy scatters) against a push per event, through the same
+    operations: only events that fit, as its caller guarantees; a chunk that does not fit is
+    refused whole with ValueError, changing nothing."""
+    cfg, ops = scenario
+    a, b = _sched(**cfg), _sched(**cfg)
+    in_flight: list[int] = []
+    for op in ops:
+        if op[0] == "chunk":
+            events = _fitting(a, op[1])
+            if len(events) < len(op[1]):
+                before = _state(a)
+                with pytest.raises(ValueError):
+                    a.push_columns(*_columns(op[1]))
+                assert _state(a) == before
+            if events:
+                a.push_columns(*_columns(events))
+            assert [j for j, e in enumerate(events) if b.push(*e) == NO_REQUEST] == []
+        else:
+            _, now, force, keep = op
+            n = a.form_batch(now, force=force)
+            assert b.form_batch(now, force=force) == n
+            assert a.batch_rids[:n] == b.batch_rids[:n]
+            in_flight += a.batch_rids[:n]
+            while len(in_flight) > keep:
+                r = in_flight.pop(0)
+                a.release(r)
+                b.release(r)
+        assert _state(a) == _state(b)
+
+
+def test_push_columns_takes_the_ids_and_places_push_would_across_ring_wraps():
+    """A worked case: a slot whose ring head has wrapped, two classes, a slot already queued."""
+    s = _sched(n_slots=3, classes=2, max_pending=4, capacity=16, max_batch=3, aging_us=1e9, max_age_us=10**9)
+    t = 10**6
+    s.push_many([(0, k, k, 0, t + k, t + k, 0, False) for k in range(3)])  # slot 0: rids 0, 1, 2
+    s.form_batch(t + 10, force=True)  # takes rid 0: slot 0's head moves to 1, rid 0 back last
+    s.form_batch(t + 11, force=True)  # takes rid 1
+    s.release(0)
+    s.release(1)
+    events = [(2, 0, 0, 1, t + 20, t + 20, 5, True), (0, 3, 3, 0, t + 21, t + 21, 0, False),
+              (0, 4, 4, 0, t + 22, t + 22, 0, False), (2, 1, 1, 0, t + 23, t + 19, 0, False)]
+    s.push_columns(*_columns(events))
+    assert s.s_len.tolist() == [3, 0, 2] and s.s_head[0] == 2
+    # the free list is a stack: 1 and 0 (released last) go first, then 3, 4
+    assert [s.s_ring[0][(2 + j) % 4] for j in range(3)] == [2, 0, 3]  # the wrap: places 2, 3, 0
+    assert [s.s_ring[2][j] for j in range(2)] == [1, 4]
+    assert (s.r_seq[1], s.r_cls[1], s.r_stale[1], s.r_send_epoch_ns[1], s.r_origin_ns[4]) == (0, 1, True, 5, t + 19)
+    assert s.q_len[1] == 1 and s.q_buf[1][s.q_head[1]] == 2 and s.s_enq_ns[2] == t + 20  # its first event's class
+    assert s.pending == 5 and s.live_requests() == 5
 
 
 def test_push_many_is_for_sequential_models():
