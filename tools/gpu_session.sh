@@ -64,8 +64,8 @@
 #                                          # (bench_cold_burst.py); 12 shards with max_batch 128; GPU tests
 #   BASE_TGZ=F tools/gpu_session.sh wave24s # wave24's most telling rows for a short call (BUDGET_S ~300-400)
 #   tools/gpu_session.sh wave24b           # 12 lstm_a shards by position / balanced, max_batch 64 / 128 (~300 s)
-#   BASE_TGZ=F tools/gpu_session.sh wave25 # push_columns against BASE_TGZ: GPU tests, the burst's parts, 1 and
-#                                          # 12 saturated lstm_a shards alternated (~550 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave25 # push_columns against BASE_TGZ: GPU tests, the burst's parts, one
+#                                          # saturated lstm_a shard alternated; 12 balanced at max_batch 128 (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1108,16 +1108,18 @@ elif [ "$phase" = wave24b ]; then
 elif [ "$phase" = wave25 ]; then
   # the column path's push as numpy scatters (Scheduler.push_columns, cc15a15) against BASE_TGZ (the commit
   # before): the GPU tests at the landing commit, the burst's parts on this host's core, one saturated lstm_a
-  # shard and 12 shards at 84k/s each, this tree and the base alternated (a step past BUDGET_S is skipped)
+  # shard this tree and the base alternated; then 12 shards at 84k/s each (a step past BUDGET_S is skipped)
   gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   setup_base
   step cold_burst_new 75 taskset -c 2 $PY tools/bench_cold_burst.py --reps 15 --phases --json "$WORK/cold_burst_new.json"
   step cold_burst_base 75 env PYTHONPATH="tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
        tools/bench_cold_burst.py --reps 15 --phases --json "$WORK/cold_burst_base.json"
   shards_alternated shards1 1 50 1024 100000 1 lstm_a:1
-  shards_alternated shards12 1 90 1024 84000 12 lstm_a:12
+  # issue 18's 1M offered with wave 23's two levers (balanced by the feed's counts; steps of up to 128 rows)
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128 90 1024 84000 12 lstm_a:12 scheduler.max_batch=128 \
+    "runner.buckets=[1,2,4,8,16,32,64,128]"
   summarize
-  verbatim gpu_tests cold_burst_new cold_burst_base shards1_new_1 shards1_base_1 shards12_new_1 shards12_base_1
+  verbatim gpu_tests cold_burst_new cold_burst_base shards1_new_1 shards1_base_1 shards12_bal_b128
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
