@@ -66,6 +66,8 @@
 #   tools/gpu_session.sh wave24b           # 12 lstm_a shards by position / balanced, max_batch 64 / 128 (~300 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave25 # push_columns against BASE_TGZ: GPU tests, the burst's parts, one
 #                                          # saturated lstm_a shard alternated; 12 balanced at max_batch 128 (~500 s)
+#   tools/gpu_session.sh wave25b           # ingest.coalesce_us 0 / 2500: 1 saturated lstm_a shard (twice each,
+#                                          # alternated), 12 balanced at max_batch 128 (~400 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1120,6 +1122,23 @@ elif [ "$phase" = wave25 ]; then
     "runner.buckets=[1,2,4,8,16,32,64,128]"
   summarize
   verbatim gpu_tests cold_burst_new cold_burst_base shards1_new_1 shards1_base_1 shards12_bal_b128
+elif [ "$phase" = wave25b ]; then
+  # ingest.coalesce_us past a loop iteration: a saturated lstm_a shard's burst is ~2/3 fixed cost (~470 µs after
+  # the graph step on an H100 host's core, BENCHMARKS.md wave 24) and its iteration ~1.2 ms, so wave 18's 250 /
+  # 1000 µs (time since the last read) almost never held a read; 2000-3000 should read every other iteration
+  # while a full batch is queued (runs twice the size, one fixed cost per two steps). One shard alternated
+  # twice, 0 against 2500; then 12 balanced shards at max_batch 128 with 0 and 2500
+  for r in 1 2; do
+    for c in 0 2500; do
+      shards_inst "shards1_c${c}_$r" 50 1024 100000 1 lstm_a:1 "ingest.coalesce_us=$c"
+    done
+  done
+  for c in 2500 0; do
+    EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_b128_c$c" 90 1024 84000 12 lstm_a:12 \
+      scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]" "ingest.coalesce_us=$c"
+  done
+  summarize
+  verbatim shards1_c0_1 shards1_c2500_1 shards1_c0_2 shards1_c2500_2 shards12_bal_b128_c2500 shards12_bal_b128_c0
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
