@@ -94,7 +94,7 @@ class IngestConfig(_Section):
     max_drain: PosInt = 256
     """Most frames read in one ingest burst before the loop looks at the model step again."""
     coalesce_us: Annotated[int, Meta(ge=0, le=100_000)] = 0
-    """While a full batch (scheduler.max_batch rows) is already queued, read the feed at most once per this many µs, in one burst of what arrived: a burst's cost is mostly fixed, and past capacity a loop that reads each frame as it comes spends most of its time there. Events wait up to this long in the socket (under overload only). 0: read whenever input is there. Ignored with runner.cpu_worker (its loop sleeps while a step is in flight)."""
+    """While a full batch (scheduler.max_batch rows, or three quarters of the slots of a shard that owns fewer) is already queued, read the feed at most once per this many µs since the last read that emptied it, in one burst of what arrived: a burst's cost is mostly fixed, and past capacity a loop that reads the feed every iteration spends most of its time there. Holds a read only when longer than a loop iteration past capacity (~1.2 ms for gpu.toml's lstm_a on the GPU hosts, where 2500 doubled a saturated shard's decided/s). Events wait up to this long in the socket (under overload only). 0: read whenever input is there. Ignored with runner.cpu_worker (its loop sleeps while a step is in flight)."""
 
     def __post_init__(self) -> None:
         _check_shm_service(self.shm_service)

@@ -28,12 +28,17 @@ step, and the sequential model, one event per instrument per step, stepped
 only ~25k rows/s). Stage samples are recorded per step or per burst, as
 Python list extends (metrics.SampleBuffer): no numpy call per step.
 
-Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued, reading
-more of the feed cannot change what the next step takes, so the loop reads it at most once per
-`coalesce_ns`, in one burst of what arrived. A burst's cost is mostly fixed (an EventBatch column
-run: ~100-200 µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes),
-and a loop past capacity otherwise reads each frame as it comes. A burst that stopped at its
-frame budget leaves the feed due at once (the socket may hold more).
+Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued (max_batch
+rows, or three quarters of a shard's slots where it owns fewer), reading more of the feed
+changes little of what the next step takes, so the loop reads it at most once per `coalesce_ns`,
+in one burst of what arrived. A burst's cost is mostly fixed (an EventBatch column run: ~100-200
+µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes; ~470 µs after
+the graph step on an H100 host's core), and a loop past capacity otherwise reads the feed every
+iteration. The hold counts from the last read that emptied the socket, so only a value past one
+loop iteration holds anything: a saturated lstm_a shard's iteration is ~1.2 ms on the GPU hosts,
+and gpu.toml's 2500 µs doubled its decided/s (BENCHMARKS.md wave 24) where wave 18's 250 and
+1000 held almost no read. A burst that stopped at its frame budget leaves the feed due at once
+(the socket may hold more).
 """
 
 from __future__ import annotations
@@ -69,7 +74,11 @@ class Stepper:
         # off for an engine whose steps run on a thread here (done_fd): that loop sleeps on the socket
         # while a step is in flight, and a held socket would wake it at once
         self.coalesce_ns = 0 if engine.done_fd is not None else coalesce_ns
-        self.full_batch = min(sched.max_batch, len(instrument_ids))
+        # coalescing's "full batch": max_batch rows, or three quarters of the slots where a shard owns
+        # fewer than max_batch / 0.75: a step takes one row per queued slot of a sequential model, and
+        # every slot queued at once is rare under a skewed feed (12 shards of ~85 instruments at
+        # max_batch 128 held no read in 2.5 s past capacity with "every slot", BENCHMARKS.md wave 24)
+        self.full_batch = min(sched.max_batch, max(1, 3 * len(instrument_ids) // 4))
         self._last_read = 0  # when a burst last emptied the socket (coalescing)
         self._holding = False  # the feed is being left in the socket (coalescing)
         self.inflight: collections.deque[_Batch] = collections.deque()

@@ -68,6 +68,8 @@
 #                                          # saturated lstm_a shard alternated; 12 balanced at max_batch 128 (~500 s)
 #   tools/gpu_session.sh wave25b           # ingest.coalesce_us 0 / 2500: 1 saturated lstm_a shard (twice each,
 #                                          # alternated), 12 balanced at max_batch 128 (~400 s)
+#   tools/gpu_session.sh wave25c           # GPU tests; 12 balanced shards with gpu.toml's coalesce_us and 0;
+#                                          # gpu.toml at 10k/s with and without it (~450 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1139,6 +1141,21 @@ elif [ "$phase" = wave25b ]; then
   done
   summarize
   verbatim shards1_c0_1 shards1_c2500_1 shards1_c0_2 shards1_c2500_2 shards12_bal_b128_c2500 shards12_bal_b128_c0
+elif [ "$phase" = wave25c ]; then
+  # the landing check of coalescing's three-quarter rule and gpu.toml's coalesce_us = 2500: the GPU tests;
+  # 12 balanced shards at max_batch 128 with it and with 0 (wave25b's held no read: a shard's full batch was
+  # all its ~85 slots); gpu.toml at 10k/s with it and with 0 (below capacity nothing should wait); 12 balanced
+  # shards at gpu.toml's max_batch 64
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  B128=(scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]")
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128_c2500 90 1024 84000 12 lstm_a:12 "${B128[@]}"
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128_c0 90 1024 84000 12 lstm_a:12 "${B128[@]}" \
+    ingest.coalesce_us=0
+  bench gpu_10k_c2500 50 -c configs/gpu.toml --rate 10000 --duration 2 --with-floor
+  bench gpu_10k_c0 50 -c configs/gpu.toml --rate 10000 --duration 2 --with-floor --set ingest.coalesce_us=0
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 90 1024 84000 12 lstm_a:12
+  summarize
+  verbatim gpu_tests shards12_bal_b128_c2500 shards12_bal_b128_c0 gpu_10k_c2500 gpu_10k_c0 shards12_bal_c2500
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -49,6 +49,19 @@ def test_the_feed_is_held_only_while_a_full_batch_is_queued_and_only_for_coalesc
     assert svc.counters()["coalesced_reads"] == 2
 
 
+def test_a_shard_with_fewer_slots_than_a_batch_holds_at_three_quarters_of_them(make_service):
+    """A shard of 8 instruments at max_batch 64 can never queue a batch of 64: its full batch is
+    6 slots (three quarters), or coalescing would never hold a read there."""
+    svc = make_service("universe.instruments=8", "scheduler.max_batch=64", "runner.buckets=[1,2,4,8,16,32,64]")
+    step = svc.step
+    assert step.full_batch == 6
+    assert step.ingest(T0) == 0
+    _queue(svc, range(5))
+    assert step.feed_due(T0 + 1)
+    _queue(svc, [5])
+    assert not step.feed_due(T0 + 1) and svc.acct.coalesced_reads == 1
+
+
 def test_without_coalesce_us_or_with_a_worker_the_feed_is_always_due(make_service):
     for overrides in (["ingest.coalesce_us=0"], ["runner.cpu_worker=true"]):
         svc = make_service(*overrides)
