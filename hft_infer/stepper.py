@@ -37,8 +37,12 @@ the graph step on an H100 host's core), and a loop past capacity otherwise reads
 iteration. The hold counts from the last read that emptied the socket, so only a value past one
 loop iteration holds anything: a saturated lstm_a shard's iteration is ~1.2 ms on the GPU hosts,
 and gpu.toml's 2500 µs doubled its decided/s (BENCHMARKS.md wave 24) where wave 18's 250 and
-1000 held almost no read. A burst that stopped at its frame budget leaves the feed due at once
-(the socket may hold more).
+1000 held almost no read. A shard whose active instruments are fewer than a full batch never
+queues one (12 shards of ~85 instruments: steps of 37-64 rows, 140-306 reads held in 2.5 s), so
+past capacity -- no read has found the socket empty for coalesce_ns, which a loop below capacity
+does between events -- the read is also held while at least half as many slots are queued as the
+last step took: the next step is about as full without it. A burst that stopped at its frame
+budget leaves the feed due at once (the socket may hold more).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Stepper:
         # max_batch 128 held no read in 2.5 s past capacity with "every slot", BENCHMARKS.md wave 24)
         self.full_batch = min(sched.max_batch, max(1, 3 * len(instrument_ids) // 4))
         self._last_read = 0  # when a burst last emptied the socket (coalescing)
+        self._last_empty = 0  # when a read last found it empty: never, past capacity (coalescing)
         self._holding = False  # the feed is being left in the socket (coalescing)
         self.inflight: collections.deque[_Batch] = collections.deque()
         self.frames = 0  # frames ingested since start
@@ -98,9 +103,12 @@ class Stepper:
             self.drain_inflight()
 
     def feed_due(self, now: int) -> bool:
-        """Coalescing (module docstring): False while a full batch is queued and the socket was
-        emptied less than coalesce_ns ago."""
-        if self.coalesce_ns and now - self._last_read < self.coalesce_ns and self.sched.queued_slots >= self.full_batch:
+        """Coalescing (module docstring): False while the socket was emptied less than coalesce_ns
+        ago and a full batch is queued -- or, past capacity (no read has found the socket empty
+        for coalesce_ns), at least half as many slots as the last step took."""
+        if self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
+                self.sched.queued_slots >= self.full_batch
+                or (self.sched.queued_slots * 2 >= self.last_batch > 0 and now - self._last_empty >= self.coalesce_ns)):
             if not self._holding:  # one read put off (counted once, however many iterations it waits)
                 self._holding = True
                 self.acct.coalesced_reads += 1
@@ -125,6 +133,8 @@ class Stepper:
         n = self.ingester.drain(budget)
         if n < budget:
             self._last_read = now
+            if not n:
+                self._last_empty = now
         if n:
             self.frames += n
             self.bufs["ingest"].add(self.ingester.burst_ns)

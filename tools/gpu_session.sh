@@ -70,6 +70,8 @@
 #                                          # alternated), 12 balanced at max_batch 128 (~400 s)
 #   tools/gpu_session.sh wave25c           # GPU tests; 12 balanced shards with gpu.toml's coalesce_us and 0;
 #                                          # gpu.toml at 10k/s with and without it (~450 s)
+#   tools/gpu_session.sh wave25d           # GPU tests; 12 balanced shards with coalesce_us 2500 and 0; one
+#                                          # saturated shard (~300 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1156,6 +1158,17 @@ elif [ "$phase" = wave25c ]; then
   EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 90 1024 84000 12 lstm_a:12
   summarize
   verbatim gpu_tests shards12_bal_b128_c2500 shards12_bal_b128_c0 gpu_10k_c2500 gpu_10k_c0 shards12_bal_c2500
+elif [ "$phase" = wave25d ]; then
+  # coalescing past capacity at half the last step (no read found the socket empty for coalesce_us): the GPU
+  # tests at the landing commit; 12 balanced shards (gpu.toml's max_batch 64) with gpu.toml's 2500 and with 0,
+  # alternated; one saturated shard with 2500
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  for c in 2500 0; do
+    EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c$c" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
+  done
+  shards_inst shards1_c2500 45 1024 100000 1 lstm_a:1
+  summarize
+  verbatim gpu_tests shards12_bal_c2500 shards12_bal_c0 shards1_c2500
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -62,6 +62,25 @@ def test_a_shard_with_fewer_slots_than_a_batch_holds_at_three_quarters_of_them(m
     assert not step.feed_due(T0 + 1) and svc.acct.coalesced_reads == 1
 
 
+def test_past_capacity_the_feed_is_held_at_half_the_last_step(make_service):
+    """Fewer slots than a full batch queued: held only past capacity (no read found the socket
+    empty for coalesce_us) and while at least half as many slots wait as the last step took."""
+    svc = make_service()
+    step = svc.step
+    assert step.ingest(T0) == 0  # found empty at T0
+    _queue(svc, range(2))
+    step.last_batch = 4
+    assert step.feed_due(T0 + 1)  # the socket was empty a moment ago: below capacity, read
+    step._last_read = T0 + HOLD_NS  # a read at T0 + HOLD_NS emptied the socket, having found events
+    assert not step.feed_due(T0 + HOLD_NS + 1) and svc.acct.coalesced_reads == 1  # 2 of the last 4
+    assert step.feed_due(T0 + 2 * HOLD_NS)  # held at most coalesce_us since that read
+    step.last_batch = 5
+    assert step.feed_due(T0 + HOLD_NS + 1)  # 2 queued, under half of the last step's 5
+    step.last_batch = 4
+    assert step.ingest(T0 + HOLD_NS + 2) == 0  # a read that finds nothing: below capacity again
+    assert step.feed_due(T0 + HOLD_NS + 3)
+
+
 def test_without_coalesce_us_or_with_a_worker_the_feed_is_always_due(make_service):
     for overrides in (["ingest.coalesce_us=0"], ["runner.cpu_worker=true"]):
         svc = make_service(*overrides)
