@@ -23,9 +23,9 @@ sequential (stateful) model every event is queued in feed order, as the per-fram
 Scheduler.push_many would queue it: each slot's events up to its room in the scheduler (the rest
 shed QUEUE_FULL, rows unwritten), their rows scattered into the ring, deadlines judged over the
 columns (a stale event shed LATE, unapplied, under deadline admission; queued apply-only under
-depth admission), and the pushes one loop over columns
-(Scheduler.push_columns: numpy scatters into the request table) instead of ~2 µs of per-event
-Python each (tools/bench_hotpath.py's "sequential" rows).
+depth admission), and the pushes numpy scatters into the scheduler's tables
+(Scheduler.push_columns) instead of ~2 µs of per-event Python each (tools/bench_hotpath.py's
+"sequential" rows).
 
 Everything else -- a shorter run, another number of levels, any event that fails a check, a
 gap, a restart or a repeat in the sequence, a batch under another topic than the service's batch

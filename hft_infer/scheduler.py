@@ -363,8 +363,9 @@ class Scheduler:
     def push_in_order(self, slots, positions, seqs, classes, recvs_ns, origins_ns, sends_epoch_ns, stales) -> int:
         """Sequential models: queue events given as columns (sequences of push's arguments, in
         feed order) as `push` for each in turn would, up to the first one push might refuse (its
-        slot full, or no request id left); returns how many were queued (all, for a caller that
-        checked `room` and `free_requests` first: the EventBatch column path, ingest_batch.py)."""
+        slot full, or no request id left); returns how many were queued. push_many's loop (the
+        per-frame path's chunks, lists of Python values); the EventBatch column path, whose caller
+        checked `room` and `free_requests` first, uses `push_columns`."""
         k = len(slots)
         free = self._free
         nf = len(free)
@@ -449,8 +450,10 @@ class Scheduler:
         self._s_enq_ns[new_slots] = recvs_ns.take(firsts)
         self.queued_slots += len(firsts)
         nslots = self._n_slots
-        for c in (0,) if self.classes == 1 else np.unique(new_cls).tolist():
-            part = new_slots.tolist() if self.classes == 1 else new_slots[new_cls == c].tolist()
+        by_class = ((0, new_slots),) if self.classes == 1 else (
+            (c, new_slots[new_cls == c]) for c in np.unique(new_cls).tolist())
+        for c, slots_c in by_class:
+            part = slots_c.tolist()
             buf, n = self.q_buf[c], self.q_len[c]
             at = (self.q_head[c] + n) % nslots
             split = nslots - at  # the FIFO's ring wraps after this many

@@ -29,7 +29,7 @@ only ~25k rows/s). Stage samples are recorded per step or per burst, as
 Python list extends (metrics.SampleBuffer): no numpy call per step.
 
 Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued (max_batch
-rows, or three quarters of a shard's slots where it owns fewer), reading more of the feed
+rows, or three quarters of the shard's slots where that is fewer), reading more of the feed
 changes little of what the next step takes, so the loop reads it at most once per `coalesce_ns`,
 in one burst of what arrived. A burst's cost is mostly fixed (an EventBatch column run: ~100-200
 µs on the dev VM however few events it holds, tools/bench_hotpath.py --run-sizes; ~470 µs after

@@ -85,7 +85,8 @@ PHASES = (
     (scheduler_module.Scheduler, "run_waits_ns", "        Scheduler.run_waits_ns"),
     (ingest_batch.EventBatchPaths, "_write_rows", "        _write_rows"),
     (scheduler_module.Scheduler, "push_columns", "        Scheduler.push_columns"),
-    # the column path's push before push_columns (a baseline tree's, when this tool times one)
+    # push_many's loop: the per-event path's chunks (a run under COLUMNS_MIN), and a baseline tree's
+    # column path before push_columns (when this tool times one)
     (scheduler_module.Scheduler, "push_in_order", "        Scheduler.push_in_order"),
 )
 
