@@ -72,6 +72,10 @@
 #                                          # gpu.toml at 10k/s with and without it (~450 s)
 #   tools/gpu_session.sh wave25d           # GPU tests; 12 balanced shards with coalesce_us 2500 and 0; one
 #                                          # saturated shard (~300 s)
+#   tools/gpu_session.sh wave26            # the H200 host: GPU tests; 12 balanced shards and one saturated shard,
+#                                          # coalesce_us 2500 against 0 alternated (~560 s)
+#   tools/gpu_session.sh wave26b           # coalesce_us 1500 / 3500 and max_batch 128 for 12 balanced shards;
+#                                          # gpu.toml at 10k and 50k/s with 2500 and 0 (~440 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1169,6 +1173,38 @@ elif [ "$phase" = wave25d ]; then
   shards_inst shards1_c2500 45 1024 100000 1 lstm_a:1
   summarize
   verbatim gpu_tests shards12_bal_c2500 shards12_bal_c0 shards1_c2500
+elif [ "$phase" = wave26 ]; then
+  # coalescing past capacity on the H200 host (wave 24 ran on an H100 host): the GPU tests at the landing commit;
+  # 12 balanced shards (gpu.toml's max_batch 64) with gpu.toml's 2500 and with 0, alternated; one saturated shard
+  # with both; the second 12-shard pair last (a step past BUDGET_S is skipped)
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  for c in 2500 0; do
+    EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c${c}_1" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
+  done
+  for c in 2500 0; do
+    shards_inst "shards1_c$c" 45 1024 100000 1 lstm_a:1 "ingest.coalesce_us=$c"
+  done
+  for c in 2500 0; do
+    EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c${c}_2" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
+  done
+  summarize
+  verbatim gpu_tests shards12_bal_c2500_1 shards12_bal_c0_1 shards1_c2500 shards1_c0 shards12_bal_c2500_2 \
+           shards12_bal_c0_2
+elif [ "$phase" = wave26b ]; then
+  # coalesce_us around gpu.toml's 2500 for 12 balanced shards (1500, 3500), 2500 with steps of up to 128 rows;
+  # gpu.toml below capacity (10k and 50k/s) with 2500 and 0: reads held where nothing should wait
+  for c in 1500 3500; do
+    EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c$c" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
+  done
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128_c2500 80 1024 84000 12 lstm_a:12 \
+    scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]"
+  for r in 10000 50000; do
+    bench "gpu_${r}_c2500" 45 -c configs/gpu.toml --rate $r --duration 2 --with-floor
+    bench "gpu_${r}_c0" 45 -c configs/gpu.toml --rate $r --duration 2 --with-floor --set ingest.coalesce_us=0
+  done
+  summarize
+  verbatim shards12_bal_c1500 shards12_bal_c3500 shards12_bal_b128_c2500 gpu_10000_c2500 gpu_10000_c0 \
+           gpu_50000_c2500 gpu_50000_c0
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
