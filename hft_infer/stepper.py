@@ -41,8 +41,13 @@ and gpu.toml's 2500 µs doubled its decided/s (BENCHMARKS.md wave 24) where wave
 queues one (12 shards of ~85 instruments: steps of 37-64 rows, 140-306 reads held in 2.5 s), so
 past capacity -- no read has found the socket empty for coalesce_ns, which a loop below capacity
 does between events -- the read is also held while at least half as many slots are queued as the
-last step took: the next step is about as full without it. A burst that stopped at its frame
-budget leaves the feed due at once (the socket may hold more).
+last step took: the next step is about as full without it. That branch also needs the last step to
+have taken at least half a full batch: "no empty read for coalesce_ns" alone is a weak sign of
+overload where a loop iteration is about as long as the gap between events (gpu.toml at 10k/s: one
+event a read, steps of 1-2 rows), and one stall then started holds that cost the held events up to
+coalesce_ns each (an H100 host, 6337b05: 121 holds, the `service` stage p50 224 against 97 µs
+without coalescing, BENCHMARKS.md wave 25); past capacity steps are large. A burst that stopped at
+its frame budget leaves the feed due at once (the socket may hold more).
 """
 
 from __future__ import annotations
@@ -105,10 +110,12 @@ class Stepper:
     def feed_due(self, now: int) -> bool:
         """Coalescing (module docstring): False while the socket was emptied less than coalesce_ns
         ago and a full batch is queued -- or, past capacity (no read has found the socket empty
-        for coalesce_ns), at least half as many slots as the last step took."""
+        for coalesce_ns, and the last step took at least half a full batch), at least half as
+        many slots as the last step took."""
         if self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
                 self.sched.queued_slots >= self.full_batch
-                or (self.sched.queued_slots * 2 >= self.last_batch > 0 and now - self._last_empty >= self.coalesce_ns)):
+                or (self.sched.queued_slots * 2 >= self.last_batch and self.last_batch * 2 >= self.full_batch
+                    and now - self._last_empty >= self.coalesce_ns)):
             if not self._holding:  # one read put off (counted once, however many iterations it waits)
                 self._holding = True
                 self.acct.coalesced_reads += 1

@@ -76,6 +76,8 @@
 #                                          # coalesce_us 2500 against 0 alternated (~560 s)
 #   tools/gpu_session.sh wave26b           # coalesce_us 1500 / 3500 and max_batch 128 for 12 balanced shards;
 #                                          # gpu.toml at 10k and 50k/s with 2500 and 0 (~440 s)
+#   tools/gpu_session.sh wave26c           # GPU tests; gpu.toml at 10k / 50k/s with coalesce_us 2500 and 0
+#                                          # (alternated twice); 1 and 12 saturated shards with 2500 (~560 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1205,6 +1207,22 @@ elif [ "$phase" = wave26b ]; then
   summarize
   verbatim shards12_bal_c1500 shards12_bal_c3500 shards12_bal_b128_c2500 gpu_10000_c2500 gpu_10000_c0 \
            gpu_50000_c2500 gpu_50000_c0
+elif [ "$phase" = wave26c ]; then
+  # coalescing's past-capacity hold only after a step of half a full batch (wave26b: gpu.toml at 10k/s held
+  # 121 reads and its service stage doubled): GPU tests at the landing commit; gpu.toml at 10k and 50k/s with
+  # 2500 and 0, alternated twice; one saturated shard and 12 balanced shards with 2500 (the hold must stay)
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  for r in 1 2; do
+    for rate in 10000 50000; do
+      bench "gpu_${rate}_c2500_$r" 45 -c configs/gpu.toml --rate $rate --duration 2 --with-floor
+      bench "gpu_${rate}_c0_$r" 45 -c configs/gpu.toml --rate $rate --duration 2 --with-floor --set ingest.coalesce_us=0
+    done
+  done
+  shards_inst shards1_c2500 45 1024 100000 1 lstm_a:1
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 80 1024 84000 12 lstm_a:12
+  summarize
+  verbatim gpu_tests gpu_10000_c2500_1 gpu_10000_c0_1 gpu_50000_c2500_1 gpu_50000_c0_1 gpu_10000_c2500_2 \
+           gpu_10000_c0_2 gpu_50000_c2500_2 gpu_50000_c0_2 shards1_c2500 shards12_bal_c2500
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -81,6 +81,25 @@ def test_past_capacity_the_feed_is_held_at_half_the_last_step(make_service):
     assert step.feed_due(T0 + HOLD_NS + 3)
 
 
+def test_small_steps_never_hold_past_capacity_however_long_since_an_empty_read(make_service):
+    """Below capacity at a moderate rate a loop iteration can be as long as the gap between events,
+    so no read finds the socket empty for a while (or a stall passes coalesce_us) though each step
+    takes a row or two: no read is held then -- only after a step of at least half a full batch."""
+    svc = make_service("universe.instruments=64", "scheduler.max_batch=64", "runner.buckets=[1,2,4,8,16,32,64]")
+    step = svc.step
+    assert step.full_batch == 48
+    assert step.ingest(T0) == 0  # found empty at T0, then never again
+    later = T0 + 10 * HOLD_NS
+    step._last_read = later  # a read just now found events and emptied the socket
+    for last_batch, queued in ((1, 1), (2, 1), (23, 12)):
+        step.last_batch = last_batch
+        _queue(svc, range(svc.sched.queued_slots, queued))
+        assert step.feed_due(later + 1), (last_batch, queued)
+    step.last_batch = 24  # half a full batch: past capacity, held while 12 of them wait
+    assert not step.feed_due(later + 1) and svc.acct.coalesced_reads == 1
+    assert step.feed_due(later + HOLD_NS)
+
+
 def test_without_coalesce_us_or_with_a_worker_the_feed_is_always_due(make_service):
     for overrides in (["ingest.coalesce_us=0"], ["runner.cpu_worker=true"]):
         svc = make_service(*overrides)
