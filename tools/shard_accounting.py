@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Per-shard accounting and loop counters of `hft-infer bench --shards` runs, one row per shard.
+
+    python3 tools/shard_accounting.py [--header TEXT] NAME=RUN_DIR ...
+
+RUN_DIR is a bench run directory holding shard0/service/service.json, shard1/... (bench_shards.sh
+writes them under OUTDIR/runs/<model>-n<N>/), or a single service's run directory holding
+service/service.json. Each row: the run's NAME, the shard, its accounting (received, decided, shed
+by reason), the loop's counters (batches, coalesced_reads, stalls and the ingest part of them)
+and the median of its `ingest` (µs an event of a burst), `step` and `loop_gap` stages -- what a
+saturated shard's capacity and its losses are made of, where the aggregate table only sums them.
+The table is plain text starting with a `#` line, as docs/bench/ logs must (tests/unit/
+test_bench_logs.py); --header puts a line of provenance (e.g. `commit: ...`) first.
+Exit 1 when a run directory holds no service.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("run", "shard", "received", "decided", "shed", "LATE", "QUEUE_FULL", "STALE", "batches",
+           "coalesced_reads", "stalls", "stall_ingest_ms", "ingest_p50_us", "step_p50_us", "loop_gap_p50_us")
+
+
+def service_files(run_dir: Path) -> list[tuple[str, Path]]:
+    """(shard label, service.json) of a run directory, shards in numeric order."""
+    shards = sorted(run_dir.glob("shard*/service/service.json"), key=lambda p: int(p.parts[-3][5:]))
+    if shards:
+        return [(p.parts[-3][5:], p) for p in shards]
+    single = run_dir / "service" / "service.json"
+    return [("-", single)] if single.exists() else []
+
+
+def row(name: str, shard: str, summary: dict) -> list:
+    acct, counters, stages = summary["accounting"], summary["counters"], summary["stages"]
+    reasons = summary.get("rejected_by_reason", {})
+
+    def p50(stage: str):
+        return stages.get(stage, {}).get("p50_us", "-")
+
+    return [name, shard, acct["received"], acct["decided"], acct["shed"], reasons.get("LATE", 0),
+            reasons.get("QUEUE_FULL", 0), reasons.get("STALE", 0), counters["batches"],
+            counters.get("coalesced_reads", 0), counters.get("stalls", 0),
+            round(counters.get("stall_ingest_us", 0) / 1000, 1), p50("ingest"), p50("step"), p50("loop_gap")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
+    ap.add_argument("--header", default="", help="a first line (provenance), e.g. 'commit: abc1234 ...'")
+    a = ap.parse_args(argv)
+    rows = []
+    for spec in a.runs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            ap.error(f"{spec!r}: expected NAME=RUN_DIR")
+        files = service_files(Path(path))
+        if not files:
+            print(f"shard_accounting: {path}: no shard*/service/service.json or service/service.json",
+                  file=sys.stderr)
+            return 1
+        for shard, f in files:
+            rows.append(row(name, shard, json.loads(f.read_text())))
+    if a.header:
+        print(a.header)
+    print("# per-shard accounting and loop counters (each shard's service.json): " + " ".join(COLUMNS))
+    for r in rows:
+        print(" ".join(str(v) for v in r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
