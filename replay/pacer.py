@@ -334,7 +334,8 @@ class Pacer:
                  progress_hook: Callable[[int, int], object] | None = None,
                  progress_interval_s: float = 1.0, spin: bool = True,
                  idle_hook: Callable[[], object] | None = None, feed_batch: int = 1,
-                 feed_batch_us: float = 100.0, shard_of: np.ndarray | None = None, shard_count: int = 1) -> None:
+                 feed_batch_us: float = 100.0, shard_of: np.ndarray | None = None, shard_count: int = 1,
+                 shard_socks: list | None = None) -> None:
         """`idle_hook`: work to do in this thread while waiting (a collector sharing it);
         it delays every decision it reads while the pacer is busy sending, which is why
         `bench`/`replay` run their collector as a process of its own. `feed_batch`: send up to
@@ -342,7 +343,11 @@ class Pacer:
         and no more than one frame per `feed_batch_us` (a frame due sooner waits for the rest).
         `shard_of` (the shard of each event, 0..shard_count-1) with `shard_count` > 1: the events
         due together go as one EventBatch per shard, each under that shard's batch topic
-        (codec.shard_batch_topic), for `serve --shard I/N` services on one feed."""
+        (codec.shard_batch_topic), for `serve --shard I/N` services on one feed. `shard_socks`
+        (one per shard, in shard order; `sock` is then unused): each shard's frames go to its own
+        publisher instead, with no topic frame -- one iceoryx2 service per shard, which has no
+        topics to filter one feed by (`bench --shards N --transport iceoryx2`); an event due alone
+        goes to its shard's publisher too."""
         if len(feed) != offsets_ns.shape[0]:
             raise ValueError("one intended offset per frame")
         if feed_batch < 1:
@@ -362,6 +367,11 @@ class Pacer:
         self._stop = False
         self._prepared = False
         self._shards = None
+        self._shard_socks = shard_socks
+        self._shard_of = shard_of
+        if shard_socks is not None and (len(shard_socks) != shard_count or shard_count < 2 or feed_batch < 2
+                                        or topic_frame):
+            raise ValueError("shard_socks: one per shard (shard_count >= 2), with feed_batch > 1 and no topic frames")
         if shard_count > 1 and feed_batch > 1:
             if shard_of is None or len(shard_of) != len(feed):
                 raise ValueError("shard_count > 1 needs the shard of every event (shard_of)")
@@ -371,7 +381,8 @@ class Pacer:
             for k in range(shard_count):
                 idx = np.flatnonzero(shard_of == k)
                 if len(idx):
-                    self._shards.append((shard_batch_topic(k, shard_count), idx, feed.columns.take(idx).batch))
+                    self._shards.append((shard_batch_topic(k, shard_count), idx, feed.columns.take(idx).batch,
+                                         direct_send(shard_socks[k]) if shard_socks is not None else None))
 
     def stop(self) -> None:
         """Stop sending (from another thread or a signal handler), at the next progress tick."""
@@ -395,6 +406,9 @@ class Pacer:
             stop = np.flatnonzero(~cols.batchable)
             self._stop_at = np.append(stop, n)[np.searchsorted(stop, np.arange(n), side="right")].tolist()
             self._batchable = cols.batchable.tolist()
+            if self._shard_socks is not None:  # an event due alone goes to its shard's publisher
+                sends = [direct_send(sock) for sock in self._shard_socks]
+                self._send_of_event = [sends[k] for k in self._shard_of.tolist()]
         # A full collection over the feed's millions of objects would stall the schedule for
         # milliseconds: collect once here, freeze what exists, collect nothing mid-run.
         gc.collect()
@@ -475,6 +489,7 @@ class Pacer:
         topic_frame = self.topic_frame
         spin = self.spin
         shards, searchsorted = self._shards, np.searchsorted
+        send_of_event = self._send_of_event if self._shard_socks is not None else None
         i = 0
         while i < n:
             target = start + offsets[i]
@@ -497,9 +512,12 @@ class Pacer:
                     send(encode(make_batch(i, j, time_ns())), 0, True, False)
                 else:  # one batch per shard of its events among i..j (a slice of its own columns)
                     ts = time_ns()
-                    for topic, idx, shard_batch in shards:
+                    for topic, idx, shard_batch, shard_send in shards:
                         a, b = searchsorted(idx, (i, j)).tolist()
                         if b > a:
+                            if shard_send is not None:  # the shard's own publisher (shard_socks)
+                                shard_send(encode(shard_batch(a, b, ts)), 0, True, False)
+                                continue
                             if topic_frame:
                                 send(topic, SNDMORE, True, False)
                             send(encode(shard_batch(a, b, ts)), 0, True, False)
@@ -509,9 +527,12 @@ class Pacer:
                 off = ts_offsets[i]
                 if off >= 0:
                     pack_into(payload, off, time_ns())
-                if topic_frame:
-                    send(topics[i], SNDMORE, True, False)
-                send(payload, 0, True, False)
+                if send_of_event is not None:
+                    send_of_event[i](payload, 0, True, False)
+                else:
+                    if topic_frame:
+                        send(topics[i], SNDMORE, True, False)
+                    send(payload, 0, True, False)
                 record(now)
             i = j
             if now >= next_progress:

@@ -17,7 +17,10 @@ in libzmq are delivered.
 
 `--endpoint iceoryx2:SERVICE` publishes on that iceoryx2 service instead (transport/shm.py): no
 topic frames, its publisher waits for room in a full subscriber buffer (never drops, as the
-XPUB's SNDHWM 0), and `subscribed` counts the service's subscribers.
+XPUB's SNDHWM 0), and `subscribed` counts the service's subscribers. With --shard-map,
+`--shard-endpoints iceoryx2:S0,iceoryx2:S1,...` (one per shard, in shard order) publishes each
+shard's frames on its own service (iceoryx2 has no topics to split one feed by), and `subscribed`
+counts the services that have a subscriber; --endpoint is then not opened.
 """
 
 from __future__ import annotations
@@ -73,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-map", metavar="NPZ",
                     help="with --feed-batch: arrays `ids` and `shard` (each instrument's shard) and `count`: one "
                          "EventBatch per shard under its batch topic (the shard bench)")
+    ap.add_argument("--shard-endpoints", default="", metavar="EP,EP,...",
+                    help="with --shard-map: one iceoryx2:SERVICE per shard, in shard order: each shard's frames "
+                         "on its own service (--endpoint is not opened)")
     a = ap.parse_args(argv)
+    shard_services = [service_of(ep) for ep in a.shard_endpoints.split(",")] if a.shard_endpoints else []
+    if shard_services and (None in shard_services or not a.shard_map or a.feed_batch < 2):
+        ap.error("--shard-endpoints: iceoryx2:SERVICE endpoints only, with --shard-map and --feed-batch > 1")
     slack = set_timer_slack()
     ctx = zmq_context(parse_cores(a.io_cores))
     placed = pin_self(a.core)
@@ -84,13 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     log(f"pacer: {'spin' if a.spin else 'sleep'}, {placed}, io cores {a.io_cores or '-'}, "
         f"timer slack {'1 ns' if slack else 'default'}, feed batch {a.feed_batch}")
     service = service_of(a.endpoint)
+    shard_pubs: list[ShmPublisher] | None = None
     try:
-        if service is not None:
+        largest = max(map(len, feed.payloads), default=64)
+        if a.feed_batch > 1 and feed.columns is not None:
+            largest = max(largest, BATCH_OVERHEAD_BYTES + a.feed_batch * (
+                EVENT_BATCH_BYTES_PER_EVENT + feed.columns.levels * BYTES_PER_LEVEL))
+        if shard_services:
+            # RetryUntilDelivered, as below; `pub` stands for them where one publisher is asked about
+            shard_pubs = [ShmPublisher(name, buffer=a.shm_buffer, max_frame_bytes=largest, block=True,
+                                       role=f"pacer-s{k}") for k, name in enumerate(shard_services)]
+            pub = shard_pubs[0]
+            a.no_topic_frame = True
+        elif service is not None:
             # RetryUntilDelivered: never drop, as SNDHWM 0 below (a slow service shows up as latency)
-            largest = max(map(len, feed.payloads), default=64)
-            if a.feed_batch > 1 and feed.columns is not None:
-                largest = max(largest, BATCH_OVERHEAD_BYTES + a.feed_batch * (
-                    EVENT_BATCH_BYTES_PER_EVENT + feed.columns.levels * BYTES_PER_LEVEL))
             pub = ShmPublisher(service, buffer=a.shm_buffer, max_frame_bytes=largest,
                                block=True, role="pacer")
             a.no_topic_frame = True
@@ -110,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     # built and prepared (its work in proportion to the feed: Pacer.prepare) before `subscribed`
     # is reported, so that nothing of it falls between `go` and the first send
     shard_of, shard_count = _shards_of_events(a.shard_map, feed) if a.shard_map and a.feed_batch > 1 else (None, 1)
+    if shard_pubs is not None and len(shard_pubs) != shard_count:
+        reply("error", f"--shard-endpoints names {len(shard_pubs)} services for {shard_count} shards")
+        return 2
     pacer = Pacer(pub, feed, offsets, topic_frame=not a.no_topic_frame, spin=a.spin, progress_hook=progress,
-                  feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us, shard_of=shard_of, shard_count=shard_count)
+                  feed_batch=a.feed_batch, feed_batch_us=a.feed_batch_us, shard_of=shard_of, shard_count=shard_count,
+                  shard_socks=shard_pubs)
     pacer.prepare()
     commands = Commands()
     subscribed, last_sub = 0, perf_ns()
@@ -120,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     go = None
     reported = False
     while go is None:
-        if service is not None:  # iceoryx2: the service's subscriber is the one "subscription"
+        if shard_pubs is not None:  # iceoryx2 per shard: each service with a subscriber is one
+            time.sleep(0.02)
+            now_subscribed = sum(p.subscribers() > 0 for p in shard_pubs)
+            if now_subscribed > subscribed:
+                subscribed, last_sub = now_subscribed, perf_ns()
+        elif service is not None:  # iceoryx2: the service's subscriber is the one "subscription"
             time.sleep(0.02)
             if pub.subscribers() > subscribed:
                 subscribed = pub.subscribers()
@@ -147,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
 
     if a.reset_first:
-        _send_reset(pub, topic_frame=not a.no_topic_frame)
+        for p in shard_pubs or [pub]:
+            _send_reset(p, topic_frame=not a.no_topic_frame)
     res = pacer.run(start_mono_ns=go)
     np.savez(a.out, intended=res.intended_mono_ns, actual=res.actual_mono_ns, sent=np.int64(res.sent),
              elapsed_s=np.float64(res.elapsed_s))
@@ -156,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     while not commands.eof:
         if "exit" in commands.poll(1.0):
             break
-    pub.close()  # zmq LINGER: what libzmq still holds goes out first
+    for p in shard_pubs or [pub]:
+        p.close()  # zmq LINGER: what libzmq still holds goes out first
     ctx.term()
     return 0
 

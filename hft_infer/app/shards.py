@@ -14,6 +14,10 @@
          histograms from its own control endpoint; together: the sums, and the
          histograms added.
 
+Over iceoryx2 (no topics) each shard has its own feed and decision services, named from its
+own service.name: the pacer publishes each shard's EventBatch frames on its shard's feed
+service (replay/pacer_proc.py --shard-endpoints), the collectors hold one subscriber per shard.
+
 Every event of the feed belongs to exactly one shard (its instrument's
 position); an answer that comes from the wrong shard is counted as unmatched
 there and as lost for the event, so `lost = 0` and `unmatched = 0` together
@@ -64,6 +68,7 @@ from hft_infer.app.launcher import (
     private_runtime_dir,
     tail,
 )
+from hft_infer.channels import check_transports, decisions_address, feed_address
 from hft_infer.clock import perf_ns
 from hft_infer.config import Config, expand_endpoint, load_config, to_toml_dict
 from hft_infer.errors import UserError
@@ -108,9 +113,12 @@ def check_shard_count(n: int, cfg: Config, feed_instruments: int) -> None:
     ids = cfg.universe.all_ids()
     if n < 1:
         raise UserError(f"--shards must be >= 1 (got {n})")
-    if "iceoryx2" in (cfg.ingest.transport, cfg.egress.transport):
-        raise UserError("--shards splits one feed between the shards by topic, and iceoryx2 has no topics: "
-                        "use the zmq transport (or one iceoryx2 feed per `serve --shard` instance)")
+    for section, sc in (("ingest", cfg.ingest), ("egress", cfg.egress)):
+        # iceoryx2 has no topics: each shard has its own services, named from its own service.name
+        if sc.transport == "iceoryx2" and "{name}" not in sc.shm_service:
+            raise UserError(f"--shards over iceoryx2: {section}.shm_service = {sc.shm_service!r} would be the same "
+                            "service for every shard: write it with {name} (each shard is named "
+                            "<service.name>-s<I>)")
     if cfg.universe.shard_count != 1:
         raise UserError(f"--shards splits the whole universe itself: the config already names shard "
                         f"{cfg.universe.shard_index}/{cfg.universe.shard_count} (universe.shard_count = 1 needed)")
@@ -119,14 +127,22 @@ def check_shard_count(n: int, cfg: Config, feed_instruments: int) -> None:
     if n > feed_instruments:
         raise UserError(f"--shards {n} with --instruments {feed_instruments}: a shard would get no events "
                         f"(need --instruments >= {n})")
-    if cfg.ingest.socket_type != "sub" or cfg.ingest.bind or not cfg.ingest.topic_frame:
+    if cfg.ingest.transport == "zmq" and (cfg.ingest.socket_type != "sub" or cfg.ingest.bind
+                                          or not cfg.ingest.topic_frame):
         raise UserError("--shards offers one PUB feed that every shard topic-filters: needs ingest.socket_type = "
                         "\"sub\", ingest.bind = false and ingest.topic_frame = true")
-    if not cfg.egress.bind:
+    if cfg.egress.transport == "zmq" and not cfg.egress.bind:
         raise UserError("--shards connects a collector to each shard's decision socket: needs egress.bind = true")
-    for field, template in (("egress.endpoint", cfg.egress.endpoint),
-                            ("metrics.control_endpoint", cfg.metrics.control_endpoint)):
+    for field, template in _per_shard_fields(cfg):
         _per_shard_endpoint(field, template, 0)
+
+
+def _per_shard_fields(cfg: Config) -> list[tuple[str, str]]:
+    """The zmq endpoints that must differ per shard (an iceoryx2 egress has none: its service does)."""
+    fields = [("metrics.control_endpoint", cfg.metrics.control_endpoint)]
+    if cfg.egress.transport == "zmq":
+        fields.insert(0, ("egress.endpoint", cfg.egress.endpoint))
+    return fields
 
 
 def shard_layout(target: Target, n: int) -> list[Shard]:
@@ -139,8 +155,7 @@ def shard_layout(target: Target, n: int) -> list[Shard]:
         name = f"{base.service.name}-s{i}"
         # every shard on this host, whatever cpu.host_shards a multi-host config names
         own = [f"service.name={json.dumps(name)}", f"ingest.endpoint={json.dumps(feed)}", "cpu.host_shards=[]"]
-        for field, template in (("egress.endpoint", base.egress.endpoint),
-                                ("metrics.control_endpoint", base.metrics.control_endpoint)):
+        for field, template in _per_shard_fields(base):
             ep = _per_shard_endpoint(field, template, i)
             if ep is not None:
                 own.append(f"{field}={json.dumps(ep)}")
@@ -178,6 +193,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
     """Run the feed through N shards once; returns the result dict (per_shard, aggregate, ...)."""
     cfg = target.cfg
     harness = harness or HarnessOptions()
+    check_transports(cfg)
     if not target.start_service:
         raise UserError("--shards starts its own shards; it cannot drive a running service (start the shards "
                         "with `hft-infer serve --shard I/N` and replay into them instead)")
@@ -213,6 +229,17 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         # shards'), and each shard's batch topic (codec.shard_batch_topic)
         n_topics = len(cfg.universe.all_ids()) + 1 + n
         feed_batch = effective_feed_batch(cfg, load.feed, harness.feed_batch)
+        # over iceoryx2 every shard has its own feed service (no topics): the pacer publishes each
+        # shard's EventBatch frames on its shard's (--shard-endpoints), and waits for N subscribers
+        feed_at = ["--endpoint", feed_address(cfg)]
+        if cfg.ingest.transport == "iceoryx2":
+            if n > 1 and feed_batch < 2:
+                raise UserError("--shards over iceoryx2 (ingest.transport) sends each shard its own EventBatch "
+                                "frames: needs --feed-batch > 1")
+            n_topics = n
+            feed_at = ["--endpoint", feed_address(shards[0].cfg), "--shm-buffer", str(cfg.ingest.shm_buffer)]
+            if n > 1:
+                feed_at += ["--shard-endpoints", ",".join(feed_address(s.cfg) for s in shards)]
         batching = []
         if feed_batch > 1:  # one EventBatch per shard of the events due together (replay/pacer.py)
             shard_map = os.path.join(work, "shards.npz")  # each shard's own ids (universe.owned_ids)
@@ -220,7 +247,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
                      shard=np.asarray([s.index for s in shards for _ in s.owned], dtype=np.int64), count=n)
             batching = ["--feed-batch", str(feed_batch), "--shard-map", shard_map]
         pacer = Child("pacer", "hft_infer.replay.pacer_proc",
-                      ["--feed", feed_file, "--endpoint", expand_endpoint(cfg.ingest.endpoint, cfg),
+                      ["--feed", feed_file, *feed_at,
                        "--out", os.path.join(work, "pacer.npz"), "--topics", str(n_topics), "--settle-ms", "0",
                        "--io-cores", io, *(["--core", str(plan.pacer_core)] if pinned else []),
                        *(["--spin"] if plan.pacer_spin else []), *batching], run_dir / "pacer.log")
@@ -229,7 +256,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         groups = [[s for s in shards if s.index % k_coll == k] for k in range(k_coll)]
         coll = []
         for k, (group, core) in enumerate(zip(groups, plan.collector_cores)):
-            eps = sum((["--endpoint", expand_endpoint(s.cfg.egress.endpoint, s.cfg)] for s in group), [])
+            eps = sum((["--endpoint", decisions_address(s.cfg)] for s in group), [])
+            eps += ["--shm-buffer", str(cfg.egress.shm_buffer)]
             coll.append(Child(f"collector {k}", "hft_infer.replay.collector_proc",
                               [*eps, "--out", os.path.join(work, f"collector{k}.npz"),
                                "--capacity", str(len(load.feed) + 4096), "--io-cores", io,

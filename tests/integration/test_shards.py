@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -138,3 +139,37 @@ def test_two_shards_fed_event_batches_each_get_their_own_and_account_for_every_e
     # the pacer did batch: at 20k events/s, 100 µs apart at most, most frames held several events
     pacer_log = (tmp_path / "run" / "pacer.log").read_text()
     assert "feed batch 32" in pacer_log
+
+
+def test_two_shards_over_iceoryx2_each_get_their_own_services_and_account_for_every_event(tmp_path):
+    """--shards over iceoryx2 (no topics): each shard's feed and decisions are services of its own,
+    named from its service.name (<name>-s<I>); the pacer publishes each shard's EventBatch frames --
+    and an event due alone -- on its shard's service only, so nothing is rejected as another
+    shard's, and every event ends in exactly one shard (served and null-service floor alike)."""
+    pytest.importorskip("iceoryx2")
+    rate, dur, warm, n_inst = 5000, 1.0, 0.2, 8
+    name = f"shards{uuid.uuid4().hex[:10]}"  # iceoryx2 services are host-wide: a fresh name per run
+    r, out = bench("--shards", "2", "--with-floor", "--transport", "iceoryx2", "--feed-batch", "16", "--rate",
+                   str(rate), "--duration", str(dur), "--warmup", str(warm), "--instruments", str(n_inst),
+                   "--set", f"service.name={name}", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = int(rate * warm) + int(rate * dur)
+    for res in (out, out["floor"]):
+        check_split(res, 2, n, n_inst, rate)
+        assert all(p["accounting"]["rejected"] == 0 for p in res["per_shard"])  # no other shard's events
+    assert [p["name"] for p in out["per_shard"]] == [f"{name}-s0", f"{name}-s1"]
+    pacer_log = (tmp_path / "run" / "pacer.log").read_text()
+    assert "2 subscriptions" in pacer_log  # one subscriber on each shard's feed service
+
+
+def test_shards_over_iceoryx2_need_batched_frames_and_per_shard_service_names(tmp_path):
+    pytest.importorskip("iceoryx2")
+    r, _ = bench("--shards", "2", "--transport", "iceoryx2", "--feed-batch", "1", "--rate", "1000", "--duration",
+                 "0.2", "--instruments", "4", "--null-service", "--set", f"service.name=s{uuid.uuid4().hex[:8]}",
+                 tmp_path=tmp_path)
+    assert r.returncode != 0 and "needs --feed-batch > 1" in r.stderr, r.stderr[-2000:]
+    r, _ = bench("--shards", "2", "--transport", "iceoryx2", "--feed-batch", "16", "--rate", "1000", "--duration",
+                 "0.2", "--instruments", "4", "--null-service", "--set", 'ingest.shm_service="one/feed"',
+                 tmp_path=tmp_path)
+    assert r.returncode != 0 and "ingest.shm_service = 'one/feed' would be the same service" in r.stderr, \
+        r.stderr[-2000:]
