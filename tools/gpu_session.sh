@@ -1228,18 +1228,18 @@ elif [ "$phase" = wave26c ]; then
 elif [ "$phase" = wave26d ]; then
   # a hold of two step periods at most (or coalesce_us, where shorter), and 12 shards with the feed over
   # iceoryx2 (no libzmq I/O thread for it: over ZeroMQ every shard's and the pacer's share the one helper
-  # core): GPU tests at the landing commit; gpu.toml at 50k/s with 2500 and 0; 12 balanced shards over ZeroMQ
-  # and over iceoryx2 with 2500; one saturated shard; 12 over iceoryx2 with 0 last (skipped past BUDGET_S)
+  # core): GPU tests at the landing commit; 12 balanced shards over iceoryx2 and over ZeroMQ with 2500; gpu.toml
+  # at 50k/s with 2500 and 0; one saturated shard; 12 over iceoryx2 with 0 last (a step past BUDGET_S is skipped)
   gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  EXTRA_ARGS="--balance-shards --transport iceoryx2" shards_inst shards12_shm_c2500 80 1024 84000 12 lstm_a:12
+  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 80 1024 84000 12 lstm_a:12
   bench gpu_50000_c2500 45 -c configs/gpu.toml --rate 50000 --duration 2 --with-floor
   bench gpu_50000_c0 45 -c configs/gpu.toml --rate 50000 --duration 2 --with-floor --set ingest.coalesce_us=0
-  EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 80 1024 84000 12 lstm_a:12
-  EXTRA_ARGS="--balance-shards --transport iceoryx2" shards_inst shards12_shm_c2500 80 1024 84000 12 lstm_a:12
   shards_inst shards1_c2500 45 1024 100000 1 lstm_a:1
   EXTRA_ARGS="--balance-shards --transport iceoryx2" shards_inst shards12_shm_c0 80 1024 84000 12 lstm_a:12 \
     ingest.coalesce_us=0
   summarize
-  verbatim gpu_tests gpu_50000_c2500 gpu_50000_c0 shards12_bal_c2500 shards12_shm_c2500 shards1_c2500 shards12_shm_c0
+  verbatim gpu_tests shards12_shm_c2500 shards12_bal_c2500 gpu_50000_c2500 gpu_50000_c0 shards1_c2500 shards12_shm_c0
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
