@@ -46,11 +46,7 @@ have taken at least half a full batch: "no empty read for coalesce_ns" alone is 
 overload where a loop iteration is about as long as the gap between events (gpu.toml at 10k/s: one
 event a read, steps of 1-2 rows), and one stall then started holds that cost the held events up to
 coalesce_ns each (an H100 host, 6337b05: 121 holds, the `service` stage p50 224 against 97 µs
-without coalescing, BENCHMARKS.md wave 25); past capacity steps are large. A hold lasts at most two
-of the loop's step periods (`step_period_ns`, an EWMA of the time between submits) where that is
-shorter than coalesce_ns: the point is one read per two steps, and a loop at capacity with short
-steps (gpu.toml at 50k/s, ~250 µs between steps) otherwise held its reads ~10 steps long and its
-`service` stage p50 rose 1.3-2.8x at the same decided/s (f3022e7, wave 25). A burst that stopped at
+without coalescing, BENCHMARKS.md wave 25); past capacity steps are large. A burst that stopped at
 its frame budget leaves the feed due at once (the socket may hold more).
 """
 
@@ -63,7 +59,6 @@ from hft_infer.clock import perf_ns
 from hft_infer.transport.schema import Outcome, Reason
 
 DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
-HOLD_STEPS = 2  # coalescing: a read is held at most this many step periods (or coalesce_ns, where shorter)
 STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 
 
@@ -96,9 +91,6 @@ class Stepper:
         self._last_read = 0  # when a burst last emptied the socket (coalescing)
         self._last_empty = 0  # when a read last found it empty: never, past capacity (coalescing)
         self._holding = False  # the feed is being left in the socket (coalescing)
-        self.step_period_ns = 0  # between submits, an EWMA (1/8): a hold lasts two of them at most
-        self._t_last_submit = 0
-        self._hold_ns = self.coalesce_ns  # how long a read is held: coalesce_ns, or two step periods
         self.inflight: collections.deque[_Batch] = collections.deque()
         self.frames = 0  # frames ingested since start
         self.last_batch = 0
@@ -117,10 +109,10 @@ class Stepper:
 
     def feed_due(self, now: int) -> bool:
         """Coalescing (module docstring): False while the socket was emptied less than coalesce_ns
-        (or two step periods, where shorter) ago and a full batch is queued -- or, past capacity
-        (no read has found the socket empty for coalesce_ns, and the last step took at least half
-        a full batch), at least half as many slots as the last step took."""
-        if self.coalesce_ns and now - self._last_read < self._hold_ns and (
+        ago and a full batch is queued -- or, past capacity (no read has found the socket empty
+        for coalesce_ns, and the last step took at least half a full batch), at least half as
+        many slots as the last step took."""
+        if self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
                 self.sched.queued_slots >= self.full_batch
                 or (self.sched.queued_slots * 2 >= self.last_batch and self.last_batch * 2 >= self.full_batch
                     and now - self._last_empty >= self.coalesce_ns)):
@@ -175,13 +167,6 @@ class Stepper:
         t = perf_ns()
         self.engine.submit(n)
         self.inflight.append(_Batch(rids, t, self.acct.received))
-        if self.coalesce_ns:  # the hold's length (module docstring)
-            if self._t_last_submit:
-                p = self.step_period_ns
-                p = t - self._t_last_submit if p == 0 else p + ((t - self._t_last_submit - p) >> 3)
-                self.step_period_ns = p
-                self._hold_ns = min(self.coalesce_ns, HOLD_STEPS * p)
-            self._t_last_submit = t
         self.acct.batches += 1
         self.last_batch = n
         if self.engine.done_at_submit:  # a CPU engine is done already: answer now

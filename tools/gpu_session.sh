@@ -1226,9 +1226,8 @@ elif [ "$phase" = wave26c ]; then
   verbatim gpu_tests gpu_10000_c2500_1 gpu_10000_c0_1 gpu_50000_c2500_1 gpu_50000_c0_1 gpu_10000_c2500_2 \
            gpu_10000_c0_2 gpu_50000_c2500_2 gpu_50000_c0_2 shards1_c2500 shards12_bal_c2500
 elif [ "$phase" = wave26d ]; then
-  # a hold of two step periods at most (or coalesce_us, where shorter), and 12 shards with the feed over
-  # iceoryx2 (no libzmq I/O thread for it: over ZeroMQ every shard's and the pacer's share the one helper
-  # core): GPU tests at the landing commit; 12 balanced shards over iceoryx2 and over ZeroMQ with 2500; gpu.toml
+  # 12 shards with the feed over iceoryx2 (no libzmq I/O thread for it: over ZeroMQ every shard's and the
+  # pacer's share the one helper core): GPU tests at the landing commit; 12 balanced shards over iceoryx2 and over ZeroMQ with 2500; gpu.toml
   # at 50k/s with 2500 and 0; one saturated shard; 12 over iceoryx2 with 0 last (a step past BUDGET_S is skipped)
   gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   EXTRA_ARGS="--balance-shards --transport iceoryx2" shards_inst shards12_shm_c2500 80 1024 84000 12 lstm_a:12

@@ -100,33 +100,6 @@ def test_small_steps_never_hold_past_capacity_however_long_since_an_empty_read(m
     assert step.feed_due(later + HOLD_NS)
 
 
-def test_a_hold_lasts_two_step_periods_where_shorter_than_coalesce_us(make_service, monkeypatch):
-    """The point is one read per two steps: with steps every 100 µs a read is held 200 µs, not
-    coalesce_us (500 µs here), whose whole length only a loop with steps that slow would wait."""
-    import hft_infer.stepper as stepper_module
-
-    svc = make_service()
-    step = svc.step
-    clock = [T0]
-    monkeypatch.setattr(stepper_module, "perf_ns", lambda: clock[0])
-    period = 100_000
-    for k in range(3):  # three steps of a full batch, `period` apart (the CPU engine answers at once)
-        clock[0] = T0 + k * period
-        _queue(svc, range(BATCH))
-        assert step.submit() == BATCH
-    assert step.step_period_ns == period and step._hold_ns == 2 * period
-    assert step.ingest(clock[0]) == 0  # emptied the socket now
-    _queue(svc, range(BATCH))
-    assert not step.feed_due(clock[0] + 2 * period - 1) and svc.acct.coalesced_reads == 1
-    assert step.feed_due(clock[0] + 2 * period)
-    slow = 10 * HOLD_NS  # steps slower than coalesce_us: the hold is coalesce_us
-    for _ in (1, 2):
-        clock[0] += slow
-        _queue(svc, range(BATCH))
-        step.submit()
-    assert step._hold_ns == HOLD_NS
-
-
 def test_without_coalesce_us_or_with_a_worker_the_feed_is_always_due(make_service):
     for overrides in (["ingest.coalesce_us=0"], ["runner.cpu_worker=true"]):
         svc = make_service(*overrides)
