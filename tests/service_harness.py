@@ -166,3 +166,15 @@ def in_process_services(tmp_path, monkeypatch, *base: str):
     yield make
     for svc in made:
         svc.close()
+
+
+def read_timeline(path: Path) -> list[dict]:
+    """A bench run's snapshots.jsonl (StatsReceiver.write_timeline), checked as it must be: times
+    increasing, every cumulative counter non-decreasing, the last line the service's final one."""
+    lines = [json.loads(ln) for ln in Path(path).read_text().splitlines()]
+    assert lines, f"{path}: no snapshot"
+    assert [ln["t_s"] for ln in lines] == sorted(ln["t_s"] for ln in lines) and lines[0]["t_s"] == 0
+    for prev, cur in zip(lines, lines[1:]):
+        assert all(cur["counters"][k] >= v for k, v in prev["counters"].items()), (prev, cur)
+    assert lines[-1]["final"] and not any(ln["final"] for ln in lines[:-1])
+    return lines

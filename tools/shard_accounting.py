@@ -12,6 +12,11 @@ saturated shard's capacity and its losses are made of, where the aggregate table
 The table is plain text starting with a `#` line, as docs/bench/ logs must (tests/unit/
 test_bench_logs.py); --header puts a line of provenance (e.g. `commit: ...`) first.
 Exit 1 when a run directory holds no service.json.
+
+--timeline prints, instead, each shard's snapshots.jsonl (the bench's record of every stats
+snapshot; finer with `--set metrics.stats_interval_ms=100`) as one row per interval: what the
+shard received, decided and shed LATE in it, its batches and held reads, and its admission's
+gauges at its end -- when a shard fell behind, and what its admission did then.
 """
 
 from __future__ import annotations
@@ -47,12 +52,37 @@ def row(name: str, shard: str, summary: dict) -> list:
             round(counters.get("stall_ingest_us", 0) / 1000, 1), p50("ingest"), p50("step"), p50("loop_gap")]
 
 
+TIMELINE_COLUMNS = ("run", "shard", "t_s", "interval_ms", "received", "decided", "LATE", "batches",
+                    "coalesced_reads", "admit_margin_us", "admit_depth", "queue_depth")
+
+
+def timeline_rows(name: str, shard: str, path: Path) -> list[list]:
+    """One row per snapshot of a snapshots.jsonl: the counters' growth over its interval (the first
+    snapshot's: since start), the gauges at its end."""
+    rows, prev = [], None
+    for line in path.read_text().splitlines():
+        snap = json.loads(line)
+        c, r, g = snap["counters"], snap["by_reason"], snap["gauges"]
+        p_c = prev["counters"] if prev else {}  # before the first snapshot: all 0
+        p_r = prev["by_reason"] if prev else {}
+        rows.append([name, shard, snap["t_s"], snap["interval_ms"],
+                     c["received"] - p_c.get("received", 0), c["decided"] - p_c.get("decided", 0),
+                     r.get("LATE", 0) - p_r.get("LATE", 0), c["batches"] - p_c.get("batches", 0),
+                     c.get("coalesced_reads", 0) - p_c.get("coalesced_reads", 0),
+                     round(g.get("admit_margin_us", 0.0), 1), g.get("admit_depth", "-"), g.get("queue_depth", "-")])
+        prev = snap
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
     ap.add_argument("--header", default="", help="a first line (provenance), e.g. 'commit: abc1234 ...'")
+    ap.add_argument("--timeline", action="store_true",
+                    help="each shard's snapshots.jsonl, one row per stats interval, instead of the totals")
     a = ap.parse_args(argv)
     rows = []
+    columns = TIMELINE_COLUMNS if a.timeline else COLUMNS
     for spec in a.runs:
         name, sep, path = spec.partition("=")
         if not sep:
@@ -63,10 +93,20 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         for shard, f in files:
-            rows.append(row(name, shard, json.loads(f.read_text())))
+            if not a.timeline:
+                rows.append(row(name, shard, json.loads(f.read_text())))
+                continue
+            timeline = f.parent.parent / "snapshots.jsonl"  # RUN/shardI/snapshots.jsonl beside service/
+            if not timeline.exists():
+                print(f"shard_accounting: {timeline}: no snapshots.jsonl (a bench run from before it was written?)",
+                      file=sys.stderr)
+                return 1
+            rows += timeline_rows(name, shard, timeline)
     if a.header:
         print(a.header)
-    print("# per-shard accounting and loop counters (each shard's service.json): " + " ".join(COLUMNS))
+    what = ("per-shard timeline, one row per stats interval (each shard's snapshots.jsonl)" if a.timeline else
+            "per-shard accounting and loop counters (each shard's service.json)")
+    print(f"# {what}: " + " ".join(columns))
     for r in rows:
         print(" ".join(str(v) for v in r))
     return 0

@@ -24,6 +24,7 @@ CLI level: may use `replay` (the service core may not).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -100,6 +101,23 @@ class StatsReceiver:
     def summary(self) -> dict:
         return {s: summarize(self.hists[s]) if s in self.hists else summarize(new_histogram())
                 for s in SERVICE_STAGES}
+
+    def write_timeline(self, path: Path) -> int:
+        """Every snapshot received, one JSON line each, in order: `t_s` (its interval's end,
+        seconds after the first snapshot's), `interval_ms`, `final`, and its cumulative
+        `counters` and `by_reason`, its `gauges` -- the service's state over the run, for what
+        the run's totals cannot say (when a shard fell behind, what its admission did then);
+        `--set metrics.stats_interval_ms=100` gives a finer one. Returns the lines written."""
+        if not self.snapshots:
+            return 0
+        t0 = self.snapshots[0].ts_ns
+        with open(path, "w") as f:
+            for snap in self.snapshots:
+                f.write(json.dumps({"t_s": round((snap.ts_ns - t0) / 1e9, 6),
+                                    "interval_ms": round(snap.interval_ns / 1e6, 3), "final": snap.final,
+                                    "counters": snap.counters, "by_reason": snap.rejected_by_reason,
+                                    "gauges": snap.gauges}) + "\n")
+        return len(self.snapshots)
 
     def measure(self, load: Load, start_ns: int) -> None:
         """Measure `load` sent on a schedule that starts at `start_ns` (perf ns): from its first
@@ -403,6 +421,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     } | ({"null_service": {"egress": target.null_egress, "delay_us": target.null_delay_us}} if target.null else {}) \
       | (extra or {})
     _write_histograms(run_dir, result, lateness)
+    if stats is not None:
+        stats.write_timeline(run_dir / "snapshots.jsonl")
     return out, stats, result
 
 

@@ -93,7 +93,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, default=None, metavar="N",
                    help="run N services on the one feed, as `serve --shard I/N` (each on the core that its [cpu] "
                         "placement gives slot I, its endpoints named <service.name>-sI); print a table per shard "
-                        "and for all of them together")
+                        "and for all of them together. Over iceoryx2 (--transport) each shard has its own feed and "
+                        "decision services, which needs --feed-batch > 1")
     p.add_argument("--shard-collectors", type=int, default=None, metavar="K",
                    help="with --shards: decision collector processes, each serving N/K shards (default: as many "
                         "as get a core of their own, dividing N; 1 on small machines)")

@@ -373,6 +373,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "run_dir": str(run_dir / f"shard{s.index}")})
         if res.tick_histogram.get_total_count():
             write_hgrm(res.tick_histogram, str(run_dir / f"shard{s.index}" / f"{TICK_TO_DECISION}.hgrm"))
+        if st is not None:
+            st.write_timeline(run_dir / f"shard{s.index}" / "snapshots.jsonl")
     owned_any = np.isin(inst, np.asarray(sorted({i for s in shards for i in s.owned}), dtype=inst.dtype))
     out = {
         "config": to_toml_dict(cfg),

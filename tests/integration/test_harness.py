@@ -229,14 +229,21 @@ def test_bench_says_why_events_were_shed(tmp_path):
     env = dict(os.environ, HFT_INFER_RUNTIME_DIR=str(tmp_path))
     r = cli("bench", "--rate", "2000", "--duration", "0.5", "--warmup", "0.1", "--quiet", "--set", "service.name=hr",
             *sum((["--set", o] for o in TEST_MODEL), []), "--set", 'scheduler.conflate="off"',
-            "--set", "scheduler.max_age_us=1", "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "out.json"),
-            env=env)
+            "--set", "scheduler.max_age_us=1", "--set", "metrics.stats_interval_ms=100", "--run-dir",
+            str(tmp_path / "run"), "--json", str(tmp_path / "out.json"), env=env)
     assert r.returncode == 0, r.stderr + r.stdout
     out = json.loads((tmp_path / "out.json").read_text())
     acc = out["accounting"]
     assert acc["lost"] == 0 and acc["shed"] == acc["sent"] == 1200 and acc["decided"] == 0
     assert out["by_reason"] == {"LATE": 1200}
     assert "shed and rejected by reason (the service): LATE 1,200 (shed)" in r.stdout
+    # the run's timeline (snapshots.jsonl): ~0.6 s of feed in 100 ms snapshots, ending in the final one
+    from service_harness import read_timeline
+
+    timeline = read_timeline(tmp_path / "run" / "snapshots.jsonl")
+    assert len(timeline) >= 4
+    assert timeline[-1]["counters"]["shed"] == 1200 and timeline[-1]["by_reason"] == {"LATE": 1200}
+    assert timeline[0]["interval_ms"] <= 150 and "admit_margin_us" in timeline[-1]["gauges"]
 
 
 def _status(pending: int) -> list[bytes]:

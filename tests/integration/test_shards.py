@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
+from service_harness import read_timeline
 
 from hft_infer.accounting import SHED_REASON_NAMES
 from hft_infer.replay.synthetic import SyntheticConfig, generate
@@ -160,6 +161,10 @@ def test_two_shards_over_iceoryx2_each_get_their_own_services_and_account_for_ev
     assert [p["name"] for p in out["per_shard"]] == [f"{name}-s0", f"{name}-s1"]
     pacer_log = (tmp_path / "run" / "pacer.log").read_text()
     assert "2 subscriptions" in pacer_log  # one subscriber on each shard's feed service
+    for k, p in enumerate(out["per_shard"]):  # each shard's timeline ends in its final counts
+        last = read_timeline(tmp_path / "run" / f"shard{k}" / "snapshots.jsonl")[-1]
+        assert last["counters"]["received"] == p["accounting"]["received"]
+        assert last["counters"]["decided"] == p["accounting"]["decided"]
 
 
 def test_shards_over_iceoryx2_need_batched_frames_and_per_shard_service_names(tmp_path):

@@ -39,3 +39,23 @@ def test_a_single_service_run_and_a_directory_without_one(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[1].split()[:4] == ["one", "-", "5", "5"]
     assert shard_accounting.main([f"none={tmp_path}"]) == 1
     assert "no shard*/service/service.json" in capsys.readouterr().err
+
+
+def test_the_timeline_is_each_intervals_growth_and_the_gauges_at_its_end(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_service(run / "shard0" / "service", received=30, decided=20, late=5, coalesced=0)
+    snaps = [{"t_s": 0.0, "interval_ms": 100.0, "final": False, "counters": {"received": 10, "decided": 8,
+              "batches": 2, "coalesced_reads": 0}, "by_reason": {}, "gauges": {"admit_margin_us": 0.0,
+              "admit_depth": 4.0, "queue_depth": 1.0}},
+             {"t_s": 0.1, "interval_ms": 100.0, "final": True, "counters": {"received": 30, "decided": 20,
+              "batches": 5, "coalesced_reads": 1}, "by_reason": {"LATE": 5}, "gauges": {"admit_margin_us": 250.04,
+              "admit_depth": 1.0, "queue_depth": 0.0}}]
+    (run / "shard0" / "snapshots.jsonl").write_text("".join(json.dumps(s) + "\n" for s in snaps))
+    assert shard_accounting.main(["--timeline", f"x={run}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# per-shard timeline")
+    assert lines[1].split() == ["x", "0", "0.0", "100.0", "10", "8", "0", "2", "0", "0.0", "4.0", "1.0"]
+    assert lines[2].split() == ["x", "0", "0.1", "100.0", "20", "12", "5", "3", "1", "250.0", "1.0", "0.0"]
+    (run / "shard0" / "snapshots.jsonl").unlink()
+    assert shard_accounting.main(["--timeline", f"x={run}"]) == 1
+    assert "no snapshots.jsonl" in capsys.readouterr().err
