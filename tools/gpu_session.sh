@@ -92,6 +92,8 @@
 #
 # Every log starts with the provenance block: commit (git, else $HFT_COMMIT, and a digest
 # of the source either way), machine (nproc, CPU model, GPU), versions, then the command.
+# Every shards run (shards_inst) also gets NAME_accounting.log and NAME_timeline.log: per-shard totals
+# and the per-interval timeline of its snapshots.jsonl (tools/shard_accounting.py).
 # Only 8 files come back from a device call, so the logs, JSON and run directories go
 # into $OUT/gpu-<phase>.tgz; $OUT/summary.md (tables, targets met or missed),
 # $OUT/summary.json and $OUT/session.log come back beside it.
@@ -272,6 +274,18 @@ shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." OR
        RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION=2 SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
        INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst $*" bash tools/with_mps.sh bash tools/bench_shards.sh \
        "$WORK/$name"
+  shard_tables "$name"
+}
+
+shard_tables() {  # shard_tables NAME: step NAME's runs, per-shard totals and timeline (tools/shard_accounting.py)
+  local name=$1 run runs=()
+  for run in "$WORK/$name"/runs/*/; do
+    [ -d "$run" ] && runs+=("$name-$(basename "$run")=$run")
+  done
+  [ ${#runs[@]} -gt 0 ] || return 0
+  $PY tools/shard_accounting.py --header "$(head -1 "$WORK/provenance.txt")" "${runs[@]}" > "$WORK/${name}_accounting.log" 2>&1
+  $PY tools/shard_accounting.py --timeline --header "$(head -1 "$WORK/provenance.txt")" "${runs[@]}" \
+    > "$WORK/${name}_timeline.log" 2>&1
 }
 
 shards_alternated() {  # shards_alternated PREFIX ROUNDS TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]:
