@@ -311,7 +311,8 @@ class EventBatchPaths:
         applied = None  # slot-sorted: the events that will take a position (None: all)
         n_applied = ends - starts
         late = stale
-        waits = sched.run_waits_ns(uniq, group, rank, order[starts]) if sched.deadline_admission else None
+        uniq_np = s_sorted.take(starts).astype(np.int64)  # `uniq` as numpy: the scheduler's takes and scatters
+        waits = sched.run_waits_ns(uniq_np, group, rank, order[starts]) if sched.deadline_admission else None
         if waits is not None:  # stale by its turn, each event behind the run's earlier ones (as _handle)
             wait = np.empty(n, dtype=np.int64)
             wait[order] = waits
@@ -322,7 +323,7 @@ class EventBatchPaths:
             skipped = (upto - applied)[starts]  # applied events of the run before each slot's first
             rank = upto - 1 - skipped[group]  # place among its slot's applied events
             n_applied = upto[ends - 1] - skipped
-        accepted = np.minimum(n_applied, sched.rooms(uniq))
+        accepted = np.minimum(n_applied, sched.rooms(uniq_np))
         total = int(accepted.sum())
         if total > sched.free_requests():
             return False
@@ -347,7 +348,6 @@ class EventBatchPaths:
         rank_in_feed = np.empty(n, dtype=np.int64)
         rank_in_feed[order] = rank
         args = (slots, positions, seq, cls, t_recv, origin, send, stale, rank_in_feed)
-        uniq_np = s_sorted.take(starts).astype(np.int64)
         if every:
             in_feed = None
             k = n

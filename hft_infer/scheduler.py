@@ -421,7 +421,7 @@ class Scheduler:
         queued = self._s_len.take(uniq)
         free = self._free
         nf = len(free)
-        if k > nf or (counts > np.maximum(self.admit_depth - queued, 0)).any():
+        if k > nf or (counts > self._rooms_of(queued)).any():
             raise ValueError("push_columns: an event beyond its slot's room or the free request ids")
         rids = np.array(free[nf - k:], dtype=np.int64)[::-1]  # the ids push would pop, in its order
         del free[nf - k:]
@@ -467,10 +467,13 @@ class Scheduler:
         room = self.admit_depth - self.s_len[slot]
         return room if room > 0 else 0  # the depth may have shrunk below what is queued
 
-    def rooms(self, slots: list[int]) -> np.ndarray:
-        """`room` of each of `slots`, as one int64 array (the EventBatch column path: a method
-        call per slot cost more than the rest of a short run's per-slot work)."""
-        room = self.admit_depth - self._s_len.take(slots)
+    def rooms(self, slots) -> np.ndarray:
+        """`room` of each of `slots` (a list or an int array), as one int64 array (the EventBatch
+        column path: a method call per slot cost more than the rest of a short run's per-slot work)."""
+        return self._rooms_of(self._s_len.take(slots))
+
+    def _rooms_of(self, queued: np.ndarray) -> np.ndarray:
+        room = self.admit_depth - queued
         return np.maximum(room, 0, out=room)  # the depth may have shrunk below what is queued
 
     def free_requests(self) -> int:
@@ -727,7 +730,7 @@ class Scheduler:
         queued = self.s_len[slot]
         return queued * self.place_ns + (self.place_ns >> 1) if queued else self.turn_wait_ns()
 
-    def run_waits_ns(self, uniq: list[int], group: np.ndarray, rank: np.ndarray, first: np.ndarray):
+    def run_waits_ns(self, uniq, group: np.ndarray, rank: np.ndarray, first: np.ndarray):
         """Deadline admission for a run of events queued together (ingest_batch.py's column path),
         as `queue_wait_ns` would judge each one live, counting the run's earlier events as queued
         (a bound: an earlier one may yet be shed): an event `rank` places into its slot's events

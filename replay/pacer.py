@@ -367,8 +367,9 @@ class Pacer:
         self._stop = False
         self._prepared = False
         self._shards = None
-        self._shard_socks = shard_socks
         self._shard_of = shard_of
+        # each shard's own send (shard_socks), else None: the one socket's, under the shard's topic
+        self._shard_sends = None if shard_socks is None else [direct_send(sock) for sock in shard_socks]
         if shard_socks is not None and (len(shard_socks) != shard_count or shard_count < 2 or feed_batch < 2
                                         or topic_frame):
             raise ValueError("shard_socks: one per shard (shard_count >= 2), with feed_batch > 1 and no topic frames")
@@ -382,7 +383,7 @@ class Pacer:
                 idx = np.flatnonzero(shard_of == k)
                 if len(idx):
                     self._shards.append((shard_batch_topic(k, shard_count), idx, feed.columns.take(idx).batch,
-                                         direct_send(shard_socks[k]) if shard_socks is not None else None))
+                                         self._shard_sends[k] if self._shard_sends else None))
 
     def stop(self) -> None:
         """Stop sending (from another thread or a signal handler), at the next progress tick."""
@@ -406,9 +407,8 @@ class Pacer:
             stop = np.flatnonzero(~cols.batchable)
             self._stop_at = np.append(stop, n)[np.searchsorted(stop, np.arange(n), side="right")].tolist()
             self._batchable = cols.batchable.tolist()
-            if self._shard_socks is not None:  # an event due alone goes to its shard's publisher
-                sends = [direct_send(sock) for sock in self._shard_socks]
-                self._send_of_event = [sends[k] for k in self._shard_of.tolist()]
+            if self._shard_sends is not None:  # an event due alone goes to its shard's publisher
+                self._send_of_event = [self._shard_sends[k] for k in self._shard_of.tolist()]
         # A full collection over the feed's millions of objects would stall the schedule for
         # milliseconds: collect once here, freeze what exists, collect nothing mid-run.
         gc.collect()
@@ -488,8 +488,12 @@ class Pacer:
         next_progress = start + interval
         topic_frame = self.topic_frame
         spin = self.spin
-        shards, searchsorted = self._shards, np.searchsorted
-        send_of_event = self._send_of_event if self._shard_socks is not None else None
+        searchsorted = np.searchsorted
+        # per shard: the topic frame to send first (None: none) and the send of its batches
+        shards = None if self._shards is None else [
+            (topic if topic_frame and shard_send is None else None, idx, shard_batch, shard_send or send)
+            for topic, idx, shard_batch, shard_send in self._shards]
+        send_of_event = self._send_of_event if self._shard_sends is not None else None
         i = 0
         while i < n:
             target = start + offsets[i]
@@ -515,12 +519,9 @@ class Pacer:
                     for topic, idx, shard_batch, shard_send in shards:
                         a, b = searchsorted(idx, (i, j)).tolist()
                         if b > a:
-                            if shard_send is not None:  # the shard's own publisher (shard_socks)
-                                shard_send(encode(shard_batch(a, b, ts)), 0, True, False)
-                                continue
-                            if topic_frame:
+                            if topic is not None:
                                 send(topic, SNDMORE, True, False)
-                            send(encode(shard_batch(a, b, ts)), 0, True, False)
+                            shard_send(encode(shard_batch(a, b, ts)), 0, True, False)
                 extend([now] * (j - i))
             else:
                 payload = payloads[i]

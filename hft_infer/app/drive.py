@@ -102,14 +102,14 @@ class StatsReceiver:
         return {s: summarize(self.hists[s]) if s in self.hists else summarize(new_histogram())
                 for s in SERVICE_STAGES}
 
-    def write_timeline(self, path: Path) -> int:
+    def write_timeline(self, path: Path) -> None:
         """Every snapshot received, one JSON line each, in order: `t_s` (its interval's end,
         seconds after the first snapshot's), `interval_ms`, `final`, and its cumulative
         `counters` and `by_reason`, its `gauges` -- the service's state over the run, for what
         the run's totals cannot say (when a shard fell behind, what its admission did then);
-        `--set metrics.stats_interval_ms=100` gives a finer one. Returns the lines written."""
+        `--set metrics.stats_interval_ms=100` gives a finer one. Nothing without a snapshot."""
         if not self.snapshots:
-            return 0
+            return
         t0 = self.snapshots[0].ts_ns
         with open(path, "w") as f:
             for snap in self.snapshots:
@@ -117,7 +117,6 @@ class StatsReceiver:
                                     "interval_ms": round(snap.interval_ns / 1e6, 3), "final": snap.final,
                                     "counters": snap.counters, "by_reason": snap.rejected_by_reason,
                                     "gauges": snap.gauges}) + "\n")
-        return len(self.snapshots)
 
     def measure(self, load: Load, start_ns: int) -> None:
         """Measure `load` sent on a schedule that starts at `start_ns` (perf ns): from its first
