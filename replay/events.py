@@ -74,3 +74,16 @@ def busiest_instrument(instruments: np.ndarray, elapsed_s: float) -> dict | None
     n = int(counts[k])
     return {"id": int(ids[k]), "events": n, "share": n / instruments.size,
             "per_s": n / elapsed_s if elapsed_s > 0 else None}
+
+
+def beyond_step_rate(instruments: np.ndarray, elapsed_s: float, steps_per_s: float | None) -> int | None:
+    """Events of `instruments` (an event table's column, over `elapsed_s`) beyond what a stateful
+    model stepping `steps_per_s` can take, one row per instrument per step: each instrument's
+    events past steps_per_s x elapsed_s. However many rows a step holds, they are shed (or wait
+    ever longer); the shed such a loop cannot avoid at that step rate (BENCHMARKS.md wave 26:
+    12 lstm_a shards stepping ~2,060 times/s shed 3.3 % at steady state, this bound 2.4 %).
+    None when the step rate was not measured."""
+    if steps_per_s is None or elapsed_s <= 0:
+        return None
+    _, counts = np.unique(instruments, return_counts=True)
+    return int(np.maximum(counts - steps_per_s * elapsed_s, 0).sum().round())

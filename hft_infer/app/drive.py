@@ -61,7 +61,7 @@ from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, ChildTimeout, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames
-from hft_infer.replay.events import busiest_instrument
+from hft_infer.replay.events import beyond_step_rate, busiest_instrument
 from hft_infer.replay.pacer import max_batch_events, save_feed
 from hft_infer.transport.codec import BATCH_TOPIC, SERVICE_TOPIC, feed_topics, message_tag, topic_for
 from hft_infer.transport.schema import TAG_STATUS
@@ -388,6 +388,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
     lateness = lateness_histogram((actual - intended_all)[:sent_frames], load.measure_from)
     status = result.service_status
     n_measured = result.tick_to_decision["count"]
+    steps_per_s = stats.counter_rate("batches") if stats is not None else None
     out = {
         "config": to_toml_dict(cfg),
         "service": "null" if target.null else ("child" if target.start_service else "running"),
@@ -403,7 +404,8 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "accounting": result.accounting,
         "by_reason": run_reasons(status, baseline),
         "busiest_instrument": busiest_instrument(load.events["instrument"][:sent], elapsed_s),
-        "steps_per_s": stats.counter_rate("batches") if stats is not None else None,
+        "steps_per_s": steps_per_s,
+        "beyond_step_rate": beyond_step_rate(load.events["instrument"][:sent], elapsed_s, steps_per_s),
         "loop": stats.loop_health() if stats is not None else None,
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
@@ -568,8 +570,12 @@ def feed_line(out: dict) -> str:
         return text
     steps = out["steps_per_s"]
     stepped = f"{steps:,.0f} steps/s" if steps is not None else "- steps/s (no stats interval inside the measured feed)"
+    beyond = out.get("beyond_step_rate")
+    sent = out["accounting"]["sent"]
+    past = "" if beyond is None or not sent else \
+        f"; {beyond:,} events ({beyond / sent:.1%}) came past that rate on their instrument"
     return (f"{text}; the service stepped {stepped} (a stateful model keeps up only while steps/s >= the "
-            f"busiest instrument's events/s)")
+            f"busiest instrument's events/s){past}")
 
 
 def floor_table(floor: dict, main: dict) -> str:

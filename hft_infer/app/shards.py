@@ -77,7 +77,7 @@ from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, wait_replies
 from hft_infer.replay.collector import analyse, decode_frames
 from hft_infer.replay.collector_proc import load_frames, load_sources
-from hft_infer.replay.events import busiest_instrument
+from hft_infer.replay.events import beyond_step_rate, busiest_instrument
 from hft_infer.replay.pacer import save_feed
 from hft_infer.sharding import load_spread
 
@@ -357,6 +357,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
         if st is not None and "service" in st.hists:
             stage_hists.append(st.hists["service"])
         status = res.service_status
+        steps_per_s = st.counter_rate("batches") if st is not None else None
         per_shard.append({
             "shard": s.label, "name": s.name, "instruments": int(np.unique(inst[idx]).size),
             "universe_instruments": len(s.owned),
@@ -366,7 +367,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "accounting": res.accounting, "decided_per_s": res.accounting["decided"] / elapsed_s if elapsed_s else 0.0,
             "by_reason": run_reasons(status, None),
             "busiest_instrument": busiest_instrument(inst[idx], elapsed_s),
-            "steps_per_s": st.counter_rate("batches") if st is not None else None,
+            "steps_per_s": steps_per_s,
+            "beyond_step_rate": beyond_step_rate(inst[idx], elapsed_s, steps_per_s),
             "loop": st.loop_health() if st is not None else None,
             "duplicates": res.duplicates, "unmatched_decisions": res.unmatched,
             "service_exit_code": svc.proc.returncode, "service_cores_seen": cores_seen,
@@ -396,6 +398,8 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
       | (extra or {})
     steps = [p["steps_per_s"] for p in per_shard]
     out["aggregate"]["steps_per_s"] = None if None in steps else sum(steps)
+    beyond = [p["beyond_step_rate"] for p in per_shard]
+    out["aggregate"]["beyond_step_rate"] = None if None in beyond else sum(beyond)
     reasons = [p["by_reason"] for p in per_shard]  # None: a shard sent no Status
     out["aggregate"]["by_reason"] = None if None in reasons else {
         name: sum(r.get(name, 0) for r in reasons) for name in sorted({n for r in reasons for n in r})}

@@ -27,6 +27,7 @@ _COLUMNS = (
     ("decided/s", lambda r: round(r["decided_per_s"])),
     ("steps/s", lambda r: None if r.get("steps_per_s") is None else round(r["steps_per_s"])),
     ("busiest/s", lambda r: None if not r.get("busiest_instrument") else round(r["busiest_instrument"]["per_s"] or 0)),
+    ("beyond steps", lambda r: r.get("beyond_step_rate")),
     ("t2d p50 µs", lambda r: r[TICK_TO_DECISION]["p50_us"]),
     ("p99", lambda r: r[TICK_TO_DECISION]["p99_us"]),
     ("p99.9", lambda r: r[TICK_TO_DECISION]["p999_us"]),
@@ -64,7 +65,8 @@ def shards_table(out: dict, title: str) -> str:
              f"the 'all' row adds the shards' histograms",
              "steps/s: the shard's model steps per second (measured intervals); busiest/s: the events/s of the "
              "shard's busiest instrument, the step rate a stateful model needs to decide every event "
-             "(one row per instrument per step)",
+             "(one row per instrument per step); beyond steps: the shard's events past steps/s on their instrument, "
+             "shed at that step rate however many rows a step holds",
              f"accounting (all {acc['sent']:,} events of the one feed, warm-up included): "
              + ", ".join(f"{k}={v:,}" for k, v in acc.items())
              + f"; answers from the wrong shard or for no event: {agg['unmatched_decisions']:,}, "

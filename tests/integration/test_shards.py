@@ -77,13 +77,16 @@ def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one
     for p in out["per_shard"]:
         assert p["engine"] == "eager" and p["stages"]["service"]["count"] > 0  # its own control endpoint
         assert p["steps_per_s"] > 0  # from its snapshots inside the measured second
+        assert isinstance(p["beyond_step_rate"], int) and 0 <= p["beyond_step_rate"] <= p["accounting"]["sent"]
         assert (tmp_path / "run" / f"shard{p['shard'][0]}" / "service.log").exists()
     assert out["aggregate"]["stages"]["service"]["count"] == sum(p["stages"]["service"]["count"]
                                                                  for p in out["per_shard"])
     assert set(out["vs_floor"]) == {"p50_us", "p99_us", "p999_us"}
     text = r.stdout
     assert "hft-infer bench --shards 2" in text and "floor: the null service in 2 shard(s)" in text
-    assert "\nall " in text and "service / floor" in text and "busiest/s" in text
+    assert out["aggregate"]["beyond_step_rate"] == sum(p["beyond_step_rate"] for p in out["per_shard"])
+    assert out["floor"]["aggregate"]["beyond_step_rate"] is None  # the null service steps nothing
+    assert "\nall " in text and "service / floor" in text and "busiest/s" in text and "beyond steps" in text
 
 
 def test_balanced_shards_split_the_feed_by_its_counts_and_account_for_every_event(tmp_path):

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import zmq
 
-from hft_infer.app.drive import Load, StatsReceiver
+from hft_infer.app.drive import Load, StatsReceiver, feed_line
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.loop_stalls import loop_line
-from hft_infer.replay.events import busiest_instrument
+from hft_infer.replay.events import beyond_step_rate, busiest_instrument
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
 
@@ -23,6 +23,21 @@ def test_the_busiest_instrument_is_the_one_with_most_events():
     assert b == {"id": 9, "events": 3, "share": 3 / 7, "per_s": 6.0}
     assert busiest_instrument(inst[:0], 1.0) is None
     assert busiest_instrument(inst, 0.0)["per_s"] is None
+
+
+def test_events_beyond_the_step_rate_are_each_instruments_excess_over_one_row_a_step():
+    # over 2 s: instrument 1 has 10 events, 2 has 4, 3 has 1; at 3 steps/s a loop steps each at most
+    # 6 times: 4 of instrument 1's are beyond it, none of the others'
+    inst = np.array([1] * 10 + [2] * 4 + [3], dtype=np.uint32)
+    assert beyond_step_rate(inst, 2.0, 3.0) == 4
+    assert beyond_step_rate(inst, 2.0, 1.0) == 8 + 2  # 2 steps each: 8 of 1's, 2 of 2's
+    assert beyond_step_rate(inst, 2.0, 100.0) == 0
+    assert beyond_step_rate(inst, 2.0, None) is None and beyond_step_rate(inst, 0.0, 3.0) is None
+    out = {"busiest_instrument": busiest_instrument(inst, 2.0), "steps_per_s": 3.0,
+           "beyond_step_rate": 4, "accounting": {"sent": 15}}
+    line = feed_line(out)
+    assert "stepped 3 steps/s" in line and "4 events (26.7%) came past that rate" in line, line
+    assert "came past" not in feed_line(out | {"beyond_step_rate": None})
 
 
 def snapshot(end_ns: int, interval_ns: int, batches: int) -> Snapshot:
