@@ -368,6 +368,7 @@ class Pacer:
         self._prepared = False
         self._shards = None
         self._shard_of = shard_of
+        self._send_of_event = None  # shard_socks: each event's shard's send (prepare)
         # each shard's own send (shard_socks), else None: the one socket's, under the shard's topic
         self._shard_sends = None if shard_socks is None else [direct_send(sock) for sock in shard_socks]
         if shard_socks is not None and (len(shard_socks) != shard_count or shard_count < 2 or feed_batch < 2
@@ -491,9 +492,9 @@ class Pacer:
         searchsorted = np.searchsorted
         # per shard: the topic frame to send first (None: none) and the send of its batches
         shards = None if self._shards is None else [
-            (topic if topic_frame and shard_send is None else None, idx, shard_batch, shard_send or send)
+            (topic if topic_frame else None, idx, shard_batch, shard_send or send)
             for topic, idx, shard_batch, shard_send in self._shards]
-        send_of_event = self._send_of_event if self._shard_sends is not None else None
+        send_of_event = self._send_of_event
         i = 0
         while i < n:
             target = start + offsets[i]
