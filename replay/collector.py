@@ -294,6 +294,42 @@ def analyse(answers: Answers, instruments: np.ndarray, seqs: np.ndarray, intende
                            measure_from, outcome, answers, t_dec, ticks, ev_dec[keep])
 
 
+def shed_by_instrument(outcome: np.ndarray, instruments: np.ndarray, top: int = 5) -> dict:
+    """Which instruments lost events to shedding (an `analyse` result's `outcome` over the sent
+    events' `instruments`): how many instruments shed any, and the `top` that shed most, each with
+    its shed and its events (most shed first, then the lower id).
+
+    Past a stateful model's step rate the shed is not spread over the feed: an instrument whose
+    events come faster than the service steps loses its excess (BENCHMARKS.md wave 26: one shard's
+    busiest instrument shed ~its excess over ~2,035 steps/s), so an operator's question is which
+    instruments, not how many events."""
+    shed = instruments[outcome == Outcome.SHED]
+    ids, events = np.unique(instruments, return_counts=True)
+    shed_ids, shed_n = np.unique(shed, return_counts=True)
+    order = np.lexsort((shed_ids, -shed_n))[:top]
+    events_of = events[np.searchsorted(ids, shed_ids[order])] if order.size else events[:0]
+    return {"shed": int(shed.size), "instruments": int(ids.size), "instruments_shed": int(shed_ids.size),
+            "top": [{"id": int(i), "shed": int(n), "events": int(e)}
+                    for i, n, e in zip(shed_ids[order], shed_n[order], events_of)]}
+
+
+def merge_shed_by_instrument(parts: list[dict], top: int = 5) -> dict:
+    """`shed_by_instrument` of disjoint sets of instruments (shards) as one: totals summed, the
+    `top` of their tops (each part's top holds its own most-shed instruments, so theirs are there)."""
+    tops = sorted((t for p in parts for t in p["top"]), key=lambda t: (-t["shed"], t["id"]))
+    return {k: sum(p[k] for p in parts) for k in ("shed", "instruments", "instruments_shed")} | {"top": tops[:top]}
+
+
+def shed_by_instrument_line(s: dict | None) -> str | None:
+    """One line of `bench` output from `shed_by_instrument` (None: nothing was shed)."""
+    if not s or not s["shed"]:
+        return None
+    most = ", ".join(f"{t['id']} {t['shed']:,} of {t['events']:,}" for t in s["top"])
+    share = sum(t["shed"] for t in s["top"]) / s["shed"]
+    return (f"shed by instrument: {s['instruments_shed']:,} of {s['instruments']:,} instruments lost events to "
+            f"shedding; most (instrument, shed of its events): {most} -- {share:.1%} of the shed")
+
+
 class Collector:
     """An in-process decision subscriber (tests, tools, readiness checks): `poll` receives
     what is waiting into `frames` / `recv_ns`; `result` decodes and analyses them."""

@@ -59,7 +59,7 @@ from hft_infer.metrics import (
 )
 from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, ChildTimeout, wait_replies
-from hft_infer.replay.collector import analyse, decode_frames
+from hft_infer.replay.collector import analyse, decode_frames, shed_by_instrument, shed_by_instrument_line
 from hft_infer.replay.collector_proc import load_frames
 from hft_infer.replay.events import beyond_step_rate, busiest_instrument
 from hft_infer.replay.pacer import max_batch_events, save_feed
@@ -406,6 +406,7 @@ def drive(load: Load, target: Target, run_dir: Path, *, quiet: bool = False, lab
         "busiest_instrument": busiest_instrument(load.events["instrument"][:sent], elapsed_s),
         "steps_per_s": steps_per_s,
         "beyond_step_rate": beyond_step_rate(load.events["instrument"][:sent], elapsed_s, steps_per_s),
+        "shed_by_instrument": shed_by_instrument(result.outcome, load.events["instrument"][:sent]),
         "loop": stats.loop_health() if stats is not None else None,
         "warmup_events": load.measure_from,
         "latency_scope": f"{TICK_TO_DECISION} over {n_measured:,} decided events after {load.measure_from:,} "
@@ -545,7 +546,8 @@ def result_table(out: dict, title: str) -> str:
              f"latency figures exclude them): " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}"
                                                               for k, v in acc.items()),
              reasons_line(out.get("by_reason"))]
-    return "\n".join(lines)
+    shed_line = shed_by_instrument_line(out.get("shed_by_instrument"))
+    return "\n".join(lines + ([shed_line] if shed_line else []))
 
 
 def run_reasons(status, baseline) -> dict[str, int] | None:

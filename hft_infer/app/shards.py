@@ -75,7 +75,7 @@ from hft_infer.errors import UserError
 from hft_infer.metrics import TICK_TO_DECISION, new_histogram, summarize
 from hft_infer.metrics.hlog import write_hgrm
 from hft_infer.replay.child import Child, ChildError, wait_replies
-from hft_infer.replay.collector import analyse, decode_frames
+from hft_infer.replay.collector import analyse, decode_frames, merge_shed_by_instrument, shed_by_instrument
 from hft_infer.replay.collector_proc import load_frames, load_sources
 from hft_infer.replay.events import beyond_step_rate, busiest_instrument
 from hft_infer.replay.pacer import save_feed
@@ -369,6 +369,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
             "busiest_instrument": busiest_instrument(inst[idx], elapsed_s),
             "steps_per_s": steps_per_s,
             "beyond_step_rate": beyond_step_rate(inst[idx], elapsed_s, steps_per_s),
+            "shed_by_instrument": shed_by_instrument(res.outcome, inst[idx]),
             "loop": st.loop_health() if st is not None else None,
             "duplicates": res.duplicates, "unmatched_decisions": res.unmatched,
             "service_exit_code": svc.proc.returncode, "service_cores_seen": cores_seen,
@@ -407,6 +408,7 @@ def drive_shards(load: Load, target: Target, n: int, run_dir: Path, *, quiet: bo
     out["aggregate"]["loop"] = None if None in loops else {
         k: (max if k == "span_s" else sum)(lp[k] for lp in loops) for k in loops[0]}
     out["aggregate"]["busiest_instrument"] = busiest_instrument(inst, elapsed_s)
+    out["aggregate"]["shed_by_instrument"] = merge_shed_by_instrument([p["shed_by_instrument"] for p in per_shard])
     busiest, quietest = load_spread([p["accounting"]["sent"] for p in per_shard])
     out["split"] = {"by": "universe.shard_weights" if shards[0].cfg.universe.shard_weights else "position % N",
                     "busiest_over_mean": busiest, "quietest_over_mean": quietest}

@@ -13,6 +13,7 @@ import sys
 from hft_infer.accounting import reasons_line
 from hft_infer.loop_stalls import loop_line
 from hft_infer.metrics import TICK_TO_DECISION
+from hft_infer.replay.collector import shed_by_instrument_line
 
 _COLUMNS = (
     # header, function of a per-shard (or aggregate) row
@@ -124,6 +125,9 @@ def print_shards(out: dict) -> None:
         print()
     print(shards_table(out, f"hft-infer bench --shards {n} — {out['rate_offered']:g} events/s offered, "
                             f"{out['rate_achieved']:,.0f} achieved, {what}"))
+    shed_line = shed_by_instrument_line(out["aggregate"].get("shed_by_instrument"))
+    if shed_line:
+        print(shed_line)
     if "floor" in out:
         print()
         print(floor_line(out["floor"], out))

@@ -192,6 +192,12 @@ def test_a_stateful_model_past_its_queue_verifies_against_the_rows_it_applied(tm
     assert acct["decided"] + acct["shed"] == 4000 and acct["shed"] > 0
     assert by_reason[Reason.QUEUE_FULL] + by_reason[Reason.LATE] + by_reason[Reason.STALE] == acct["shed"], by_reason
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"] > 0
+    # which instruments shed: all 8 flooded alike, so several did; the most-shed first, none past its events
+    s = summary["shed_by_instrument"]
+    assert s["shed"] == acct["shed"] and s["instruments"] == 8 and 1 < s["instruments_shed"] <= 8, s
+    assert len(s["top"]) == min(5, s["instruments_shed"]) and sum(t["shed"] for t in s["top"]) <= s["shed"]
+    assert [t["shed"] for t in s["top"]] == sorted((t["shed"] for t in s["top"]), reverse=True)
+    assert all(0 < t["shed"] <= t["events"] and 0 <= t["id"] < 8 for t in s["top"]), s
 
 
 # (model overrides, rows one step reads): a window reader, and an LSTM whose state holds the past

@@ -49,6 +49,9 @@ def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float,
         # the shard's own count of why (its final Status) adds up to what the collector saw
         assert sum(n for name, n in p["by_reason"].items() if name in SHED_REASON_NAMES) == acc["shed"], p["by_reason"]
         assert sum(n for name, n in p["by_reason"].items() if name not in SHED_REASON_NAMES) == acc["rejected"]
+        s = p["shed_by_instrument"]  # which of the shard's instruments shed, as many as it shed
+        assert s["shed"] == acc["shed"] and s["instruments"] == p["instruments"], s
+        assert sum(t["shed"] for t in s["top"]) <= s["shed"] and (s["instruments_shed"] > 0) == (acc["shed"] > 0)
     agg = out["aggregate"]["accounting"]
     assert agg["sent"] == n_events and agg["lost"] == 0 and agg["unowned"] == 0
     for k in ("decided", "shed", "conflated", "rejected"):
@@ -63,6 +66,9 @@ def check_split(out: dict, shards: int, n_events: int, n_inst: int, rate: float,
         b = p["busiest_instrument"]
         assert b["events"] == counts.max() and b["id"] in ids[counts == counts.max()]
     assert out["aggregate"]["busiest_instrument"]["events"] == max(p["busiest_instrument"]["events"] for p in per)
+    s = out["aggregate"]["shed_by_instrument"]
+    assert s["shed"] == agg["shed"] and s["instruments_shed"] == sum(p["shed_by_instrument"]["instruments_shed"]
+                                                                    for p in per)
 
 
 def test_two_served_shards_with_the_floor_account_for_every_event_in_exactly_one(tmp_path):

@@ -13,7 +13,9 @@ import zmq
 from hft_infer.app.drive import Load, StatsReceiver, feed_line
 from hft_infer.clock import EpochClock, perf_ns
 from hft_infer.loop_stalls import loop_line
+from hft_infer.replay.collector import merge_shed_by_instrument, shed_by_instrument, shed_by_instrument_line
 from hft_infer.replay.events import beyond_step_rate, busiest_instrument
+from hft_infer.transport.schema import Outcome
 from hft_infer.transport.stats import Snapshot, encode_snapshot
 
 
@@ -124,3 +126,34 @@ def test_a_running_services_reasons_are_counted_from_the_runs_start():
     assert run_reasons(status(120, 7), None) == {"STALE": 7, "LATE": 120}
     assert run_reasons(status(5, 0, n=len(Reason) + 1), status(2, 0)) == {"LATE": 3}  # a newer service's longer list
     assert run_reasons(None, None) is None
+
+
+def test_shed_by_instrument_names_the_instruments_that_shed_most():
+    # outcome per event: 7 has 3 shed of 4, 2 has 2 of 2, 5 has 1 of 4 (and a conflated, a rejected and a
+    # lost one (-1), not shed), 9 none of 1: the shed ones alone count
+    S, D, C, R = int(Outcome.SHED), int(Outcome.DECIDED), int(Outcome.CONFLATED), int(Outcome.REJECTED)
+    inst = np.array([7, 7, 2, 5, 7, 9, 5, 2, 7, 5, 5], dtype=np.uint32)
+    outcome = np.array([S, S, S, C, D, D, S, S, S, R, -1])
+    s = shed_by_instrument(outcome, inst, top=2)
+    assert s == {"shed": 6, "instruments": 4, "instruments_shed": 3,
+                 "top": [{"id": 7, "shed": 3, "events": 4}, {"id": 2, "shed": 2, "events": 2}]}
+    # ties: the lower id first
+    tie = shed_by_instrument(np.array([S, S]), np.array([8, 3], dtype=np.uint32))
+    assert [t["id"] for t in tie["top"]] == [3, 8]
+    none = shed_by_instrument(np.array([D, D]), np.array([1, 2], dtype=np.uint32))
+    assert none == {"shed": 0, "instruments": 2, "instruments_shed": 0, "top": []}
+    assert shed_by_instrument_line(none) is None and shed_by_instrument_line(None) is None
+    line = shed_by_instrument_line(s)
+    assert line.startswith("shed by instrument: 3 of 4 instruments lost events to shedding")
+    assert "7 3 of 4, 2 2 of 2" in line and "83.3% of the shed" in line, line
+
+
+def test_shards_shed_by_instrument_merges_their_tops():
+    a = {"shed": 10, "instruments": 3, "instruments_shed": 2,
+         "top": [{"id": 1, "shed": 8, "events": 20}, {"id": 4, "shed": 2, "events": 5}]}
+    b = {"shed": 9, "instruments": 2, "instruments_shed": 2,
+         "top": [{"id": 2, "shed": 8, "events": 9}, {"id": 6, "shed": 1, "events": 1}]}
+    m = merge_shed_by_instrument([a, b], top=3)
+    assert m == {"shed": 19, "instruments": 5, "instruments_shed": 4,
+                 "top": [{"id": 1, "shed": 8, "events": 20}, {"id": 2, "shed": 8, "events": 9},
+                         {"id": 4, "shed": 2, "events": 5}]}
