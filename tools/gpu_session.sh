@@ -80,6 +80,9 @@
 #                                          # (alternated twice); 1 and 12 saturated shards with 2500 (~560 s)
 #   tools/gpu_session.sh wave26d           # GPU tests; gpu.toml at 50k/s with coalesce_us 2500 / 0; 12 shards over
 #                                          # ZeroMQ and over iceoryx2, one saturated shard (~340 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave28m # GPU tests; 12 shards, this tree and BASE_TGZ's (the branch
+#                                          # next/submit-ahead) alternated twice, then its step ahead and this
+#                                          # tree at max_inflight 3; each core's load sampled (~360 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -286,6 +289,32 @@ shard_tables() {  # shard_tables NAME: step NAME's runs, per-shard totals and ti
   $PY tools/shard_accounting.py --header "$(head -1 "$WORK/provenance.txt")" "${runs[@]}" > "$WORK/${name}_accounting.log" 2>&1
   $PY tools/shard_accounting.py --timeline --header "$(head -1 "$WORK/provenance.txt")" "${runs[@]}" \
     > "$WORK/${name}_timeline.log" 2>&1
+}
+
+cpu_sampled() {  # cpu_sampled NAME CMD...: CMD with every core's busy share sampled each 0.5 s into
+  # $WORK/NAME_cpu.log (from /proc/stat: which cores a run saturates, e.g. the helpers' core 0)
+  local name=$1 pid
+  shift
+  { echo "# per-core busy % each 0.5 s during $name (from /proc/stat)"
+    python3 -c '
+import time
+def read():
+    out = {}
+    for line in open("/proc/stat"):
+        if line.startswith("cpu") and line[3].isdigit():
+            f = line.split(); v = list(map(int, f[1:]))
+            out[f[0]] = (sum(v) - v[3] - v[4], sum(v))
+    return out
+prev = read(); t0 = time.time()
+while True:
+    time.sleep(0.5)
+    cur = read()
+    print(f"{time.time() - t0:6.1f}", " ".join(f"{k[3:]}:{100 * (cur[k][0] - prev[k][0]) // max(1, cur[k][1] - prev[k][1])}"
+                                                for k in cur), flush=True)
+    prev = cur'; } > "$WORK/${name}_cpu.log" 2>&1 &
+  pid=$!
+  "$@"
+  kill "$pid" 2>/dev/null
 }
 
 shards_alternated() {  # shards_alternated PREFIX ROUNDS TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]:
@@ -1253,6 +1282,25 @@ elif [ "$phase" = wave26d ]; then
     ingest.coalesce_us=0
   summarize
   verbatim gpu_tests shards12_shm_c2500 shards12_bal_c2500 gpu_50000_c2500 gpu_50000_c0 shards1_c2500 shards12_shm_c0
+elif [ "$phase" = wave28m ]; then
+  # the branch next/submit-ahead (BASE_TGZ) decided 104,944/s in 12 shards without a step ahead in wave27d
+  # (every shard shed every event LATE from its second second; 890,187 with one ahead): the branch or the host?
+  # This tree (main) and the branch alternated twice, then the branch a step ahead and this tree, both at
+  # max_inflight 3 (what a step ahead needs on a GPU engine), each core's load sampled (cpu_sampled)
+  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  setup_base
+  for r in 1 2; do
+    EXTRA_ARGS=--balance-shards cpu_sampled shards12_main_$r shards_inst shards12_main_$r 60 1024 84000 12 lstm_a:12
+    PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards12_branch0_$r \
+      shards_inst shards12_branch0_$r 60 1024 84000 12 lstm_a:12
+  done
+  PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards12_branch1_if3 \
+    shards_inst shards12_branch1_if3 60 1024 84000 12 lstm_a:12 runner.submit_ahead=1 runner.max_inflight=3
+  EXTRA_ARGS=--balance-shards cpu_sampled shards12_main_if3 shards_inst shards12_main_if3 60 1024 84000 12 lstm_a:12 \
+    runner.max_inflight=3
+  summarize
+  verbatim gpu_tests shards12_main_1 shards12_branch0_1 shards12_main_2 shards12_branch0_2 shards12_branch1_if3 \
+    shards12_main_if3
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
