@@ -83,6 +83,8 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave28m # GPU tests; 12 shards, this tree and BASE_TGZ's (the branch
 #                                          # next/submit-ahead) alternated twice, then its step ahead and this
 #                                          # tree at max_inflight 3; each core's load sampled (~360 s)
+#   tools/gpu_session.sh wave28n           # 1.008M offered over 12, 11 and 10 lstm_a shards (one, two and three
+#                                          # helper cores), alternated twice, each core's load sampled (~250 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -295,8 +297,8 @@ cpu_sampled() {  # cpu_sampled NAME CMD...: CMD with every core's busy share sam
   # $WORK/NAME_cpu.log (from /proc/stat: which cores a run saturates, e.g. the helpers' core 0)
   local name=$1 pid
   shift
-  { echo "# per-core busy % each 0.5 s during $name (from /proc/stat)"
-    python3 -c '
+  echo "# per-core busy % each 0.5 s during $name (from /proc/stat)" > "$WORK/${name}_cpu.log"
+  python3 -c '
 import time
 def read():
     out = {}
@@ -311,8 +313,8 @@ while True:
     cur = read()
     print(f"{time.time() - t0:6.1f}", " ".join(f"{k[3:]}:{100 * (cur[k][0] - prev[k][0]) // max(1, cur[k][1] - prev[k][1])}"
                                                 for k in cur), flush=True)
-    prev = cur'; } > "$WORK/${name}_cpu.log" 2>&1 &
-  pid=$!
+    prev = cur' >> "$WORK/${name}_cpu.log" 2>&1 &
+  pid=$!  # the sampler itself (wave28m's ran in a subshell that kill left running)
   "$@"
   kill "$pid" 2>/dev/null
 }
@@ -1301,6 +1303,18 @@ elif [ "$phase" = wave28m ]; then
   summarize
   verbatim gpu_tests shards12_main_1 shards12_branch0_1 shards12_main_2 shards12_branch0_2 shards12_branch1_if3 \
     shards12_main_if3
+elif [ "$phase" = wave28n ]; then
+  # wave28m: in every 12-shard run the one helper core (0: every libzmq IO thread of the shards, the pacer and
+  # the collectors) was 100 % busy while the feed ran, and the runs decided 302k-911k/s, in spells of every
+  # event shed LATE (read > max_age after its send). The same 1.008M over 11 and 10 shards leaves cores 4 (and
+  # 5) to the helpers too; alternated twice with 12
+  for r in 1 2; do
+    EXTRA_ARGS=--balance-shards cpu_sampled shards12_$r shards_inst shards12_$r 60 1024 84000 12 lstm_a:12
+    EXTRA_ARGS=--balance-shards cpu_sampled shards11_$r shards_inst shards11_$r 60 1024 91637 11 lstm_a:11
+    EXTRA_ARGS=--balance-shards cpu_sampled shards10_$r shards_inst shards10_$r 60 1024 100800 10 lstm_a:10
+  done
+  summarize
+  verbatim shards12_1 shards11_1 shards10_1 shards12_2 shards11_2 shards10_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
