@@ -97,7 +97,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "decision services, which needs --feed-batch > 1")
     p.add_argument("--shard-collectors", type=int, default=None, metavar="K",
                    help="with --shards: decision collector processes, each serving N/K shards (default: as many "
-                        "as get a core of their own, dividing N; 1 on small machines)")
+                        "as get a core of their own, dividing N, while two cores stay for the I/O threads; 1 on small "
+                        "machines)")
     p.add_argument("--balance-shards", action="store_true",
                    help="with --shards: split the instruments by the feed's own event counts (universe.shard_weights) "
                         "so that every shard gets about the same events/s, instead of instrument position %% N")

@@ -174,16 +174,24 @@ def shard_cores(shards: list[Shard]) -> list[int]:
     return sorted(set(cores))
 
 
+HELPER_CORES = 2  # kept for I/O threads and the rest when collectors are counted (collector_count)
+
+
 def collector_count(n: int, requested: int | None, pool: int, service_cores: int) -> int:
     """`requested`, or the most collectors (a divisor of n, so each serves as many shards) that
-    get a core of their own beside the shards', the pacer's and one helper core."""
+    get a core of their own beside the shards', the pacer's and two helper cores (one if that is
+    all there is). Two, because the libzmq I/O threads of every shard, the pacer and the
+    collectors run there: at 1M events/s over 10-11 lstm_a shards they kept 1.1-1.6 cores busy,
+    and 12 shards with two collectors, which left them one core, saturated it in every run and
+    fell into spells of every event read past its deadline (302k-911k decided/s against 911k-962k
+    over 11 shards with one collector, same host; BENCHMARKS.md wave 27)."""
     if requested is not None:
         if requested < 1:
             raise UserError(f"--shard-collectors must be >= 1 (got {requested})")
         return min(requested, n)
     if pool < MIN_CORES_TO_PIN:
         return 1
-    fits = [d for d in range(1, n + 1) if n % d == 0 and pool - service_cores >= 2 + d]
+    fits = [d for d in range(1, n + 1) if n % d == 0 and pool - service_cores >= 1 + HELPER_CORES + d]
     return max(fits) if fits else 1
 
 
