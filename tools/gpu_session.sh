@@ -87,6 +87,8 @@
 #                                          # helper cores), alternated twice, each core's load sampled (~250 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave28p # 11 shards (two helper cores): this tree and BASE_TGZ's (the branch) a
 #                                          # step ahead, both at max_inflight 3, alternated twice; this tree at 2 (~230 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave28q # 12 shards with bench's two helper cores (one collector) twice, around
+#                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3 (~170 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1331,6 +1333,19 @@ elif [ "$phase" = wave28p ]; then
   EXTRA_ARGS=--balance-shards cpu_sampled shards11_main shards_inst shards11_main 60 1024 91637 11 lstm_a:11
   summarize
   verbatim shards11_main_if3_1 shards11_ahead1_if3_1 shards11_main_if3_2 shards11_ahead1_if3_2 shards11_main
+elif [ "$phase" = wave28q ]; then
+  # bench --shards now keeps two helper cores (12 shards on 16 cores: one collector); wave28n's 12 shards had one
+  # (722k / 856k decided/s beside 11 shards' 911k / 962k). Around them, runner.submit_ahead (BASE_TGZ: the branch)
+  # against none, both at max_inflight 3, over 11 shards
+  setup_base
+  EXTRA_ARGS=--balance-shards cpu_sampled shards12_h2_1 shards_inst shards12_h2_1 60 1024 84000 12 lstm_a:12
+  PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards11_ahead1_if3 shards_inst shards11_ahead1_if3 60 \
+    1024 91637 11 lstm_a:11 runner.submit_ahead=1 runner.max_inflight=3
+  EXTRA_ARGS=--balance-shards cpu_sampled shards11_main_if3 shards_inst shards11_main_if3 60 1024 91637 11 \
+    lstm_a:11 runner.max_inflight=3
+  EXTRA_ARGS=--balance-shards cpu_sampled shards12_h2_2 shards_inst shards12_h2_2 60 1024 84000 12 lstm_a:12
+  summarize
+  verbatim shards12_h2_1 shards11_ahead1_if3 shards11_main_if3 shards12_h2_2
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
