@@ -85,8 +85,6 @@
 #                                          # tree at max_inflight 3; each core's load sampled (~360 s)
 #   tools/gpu_session.sh wave28n           # 1.008M offered over 12, 11 and 10 lstm_a shards (one, two and three
 #                                          # helper cores), alternated twice, each core's load sampled (~250 s)
-#   BASE_TGZ=F tools/gpu_session.sh wave28p # 11 shards (two helper cores): this tree and BASE_TGZ's (the branch) a
-#                                          # step ahead, both at max_inflight 3, alternated twice; this tree at 2 (~230 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave28q # 12 shards with bench's two helper cores (one collector) twice, around
 #                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3 (~170 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
@@ -1319,20 +1317,6 @@ elif [ "$phase" = wave28n ]; then
   done
   summarize
   verbatim shards12_1 shards11_1 shards10_1 shards12_2 shards11_2 shards10_2
-elif [ "$phase" = wave28p ]; then
-  # runner.submit_ahead (the branch next/submit-ahead, BASE_TGZ) where the helpers keep up (wave28n: 11 shards,
-  # 911-962k decided/s, against 12 shards' spells of LATE with core 0 saturated): a step ahead against none, both
-  # at max_inflight 3, alternated twice; then this tree at its default max_inflight 2
-  setup_base
-  for r in 1 2; do
-    EXTRA_ARGS=--balance-shards cpu_sampled shards11_main_if3_$r shards_inst shards11_main_if3_$r 60 1024 91637 11 \
-      lstm_a:11 runner.max_inflight=3
-    PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards11_ahead1_if3_$r shards_inst shards11_ahead1_if3_$r 60 \
-      1024 91637 11 lstm_a:11 runner.submit_ahead=1 runner.max_inflight=3
-  done
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_main shards_inst shards11_main 60 1024 91637 11 lstm_a:11
-  summarize
-  verbatim shards11_main_if3_1 shards11_ahead1_if3_1 shards11_main_if3_2 shards11_ahead1_if3_2 shards11_main
 elif [ "$phase" = wave28q ]; then
   # bench --shards now keeps two helper cores (12 shards on 16 cores: one collector); wave28n's 12 shards had one
   # (722k / 856k decided/s beside 11 shards' 911k / 962k). Around them, runner.submit_ahead (BASE_TGZ: the branch)
