@@ -45,6 +45,7 @@ from hft_infer.feed_monitor import FeedMonitor
 from hft_infer.heap import FrozenHeap
 from hft_infer.hot_thread_stats import ThreadSchedStats
 from hft_infer.ingest import Ingest
+from hft_infer.late_feed import LateFeedWatch
 from hft_infer.loop_stalls import LoopStalls
 from hft_infer.metrics import SERVICE_STAGES, StageHistograms, to_wire
 from hft_infer.runner.base import EngineFailure
@@ -86,6 +87,7 @@ class Service:
         self.sched = Scheduler(cfg.scheduler, self.n_slots, sequential=rt.sequential, conflate=rt.conflate,
                                class_by_slot_kind=self.class_table)
         self.acct = Accounting()
+        self.late_feed = LateFeedWatch(self.acct, cfg.scheduler.max_age_us, self.log)
         self.clock = EpochClock()
         m = cfg.metrics
         self.stages = StageHistograms(SERVICE_STAGES, m.sample_capacity, m.highest_trackable_us * 1000,
@@ -263,6 +265,7 @@ class Service:
         if now >= self._next_ship_ns:
             self._next_ship_ns = now + self.cfg.metrics.stats_interval_ms * 1_000_000
             self._ship(now)
+            self.late_feed.check(now, idle=not self.step.inflight and not self.sched.queued_slots)
             if not self._egress_shm:
                 sockets.drain_subscriptions(self.egress_sock)
             self.clock.refresh()
