@@ -32,7 +32,6 @@ class LateFeedWatch:
         self.log = log
         self._received = self._old = self._batches = self._rejected = 0
         self.since_ns = 0  # when the current late spell began (0: none)
-        self.spells = 0  # late spells so far
         self._told_ns = 0
         self._shed_in_spell = 0
 
@@ -48,7 +47,6 @@ class LateFeedWatch:
         if d_steps == 0 and idle and d_old > 0 and d_recv - d_rej >= LATE_SHARE * d_recv:
             if not self.since_ns:
                 self.since_ns, self._told_ns, self._shed_in_spell = now, 0, 0
-                self.spells += 1
             self._shed_in_spell += d_old
             if not self._told_ns or now - self._told_ns >= REPEAT_NS:
                 self._told_ns = now

@@ -307,7 +307,7 @@ def shed_by_instrument(outcome: np.ndarray, instruments: np.ndarray, top: int = 
     ids, events = np.unique(instruments, return_counts=True)
     shed_ids, shed_n = np.unique(shed, return_counts=True)
     order = np.lexsort((shed_ids, -shed_n))[:top]
-    events_of = events[np.searchsorted(ids, shed_ids[order])] if order.size else events[:0]
+    events_of = events[np.searchsorted(ids, shed_ids[order])]
     return {"shed": int(shed.size), "instruments": int(ids.size), "instruments_shed": int(shed_ids.size),
             "top": [{"id": int(i), "shed": int(n), "events": int(e)}
                     for i, n, e in zip(shed_ids[order], shed_n[order], events_of)]}

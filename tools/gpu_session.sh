@@ -299,7 +299,8 @@ cpu_sampled() {  # cpu_sampled NAME CMD...: CMD with every core's busy share sam
   # $WORK/NAME_cpu.log (from /proc/stat: which cores a run saturates, e.g. the helpers' core 0)
   local name=$1 pid
   shift
-  echo "# per-core busy % each 0.5 s during $name (from /proc/stat)" > "$WORK/${name}_cpu.log"
+  { head -1 "$WORK/provenance.txt"; echo "# per-core busy % each 0.5 s during $name (from /proc/stat)"; } \
+    > "$WORK/${name}_cpu.log"  # the commit line first, as every log
   python3 -c '
 import time
 def read():
