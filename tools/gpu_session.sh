@@ -86,7 +86,7 @@
 #   tools/gpu_session.sh wave28n           # 1.008M offered over 12, 11 and 10 lstm_a shards (one, two and three
 #                                          # helper cores), alternated twice, each core's load sampled (~250 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave28q # 12 shards with bench's two helper cores (one collector) twice, around
-#                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3 (~170 s)
+#                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3, then the GPU tests (~290 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1329,8 +1329,9 @@ elif [ "$phase" = wave28q ]; then
   EXTRA_ARGS=--balance-shards cpu_sampled shards11_main_if3 shards_inst shards11_main_if3 60 1024 91637 11 \
     lstm_a:11 runner.max_inflight=3
   EXTRA_ARGS=--balance-shards cpu_sampled shards12_h2_2 shards_inst shards12_h2_2 60 1024 84000 12 lstm_a:12
+  gpu_tests 160 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   summarize
-  verbatim shards12_h2_1 shards11_ahead1_if3 shards11_main_if3 shards12_h2_2
+  verbatim shards12_h2_1 shards11_ahead1_if3 shards11_main_if3 shards12_h2_2 gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
