@@ -12,7 +12,8 @@ helper core read their feed 4+ ms late and stayed there, shedding everything for
 at most 1 - LATE_SHARE of them were rejected (bad input), no step ran, and nothing is queued or
 in flight (an engine that stopped keeps steps in flight; an overloaded one has queues) is a late
 feed: a fresh event would have been queued and stepped, so every one was too old (shed, or for a
-conflating model conflated into one that was).
+conflating model conflated into one that was). The spell's length so far is the gauge
+`feed_late_us` (transport/stats.GAUGES: stats snapshots, Prometheus, the dashboard), 0 while on time.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ class LateFeedWatch:
         self.max_age_us = max_age_us
         self.log = log
         self._received = self._old = self._batches = self._rejected = 0
-        self.since_ns = 0  # when the current late spell began (0: none)
+        self.since_ns = 0  # when the current late spell began: the start of its first interval (0: none)
+        self._last_check_ns = 0
         self._told_ns = 0
         self._shed_in_spell = 0
+
+    def late_ns(self, now: int) -> int:
+        """How long the current late spell has lasted at `now` (0: the feed is on time)."""
+        return now - self.since_ns if self.since_ns else 0
 
     def check(self, now: int, idle: bool) -> None:
         """At a stats interval: `idle` = nothing queued and no step in flight."""
@@ -42,11 +48,12 @@ class LateFeedWatch:
         d_recv, d_old, d_steps = received - self._received, old - self._old, batches - self._batches
         d_rej = acct.rejected - self._rejected
         self._received, self._old, self._batches, self._rejected = received, old, batches, acct.rejected
+        interval_start, self._last_check_ns = self._last_check_ns or now, now
         if d_recv < MIN_EVENTS:
             return
         if d_steps == 0 and idle and d_old > 0 and d_recv - d_rej >= LATE_SHARE * d_recv:
             if not self.since_ns:
-                self.since_ns, self._told_ns, self._shed_in_spell = now, 0, 0
+                self.since_ns, self._told_ns, self._shed_in_spell = interval_start, 0, 0
             self._shed_in_spell += d_old
             if not self._told_ns or now - self._told_ns >= REPEAT_NS:
                 self._told_ns = now

@@ -231,7 +231,8 @@ class Service:
         in service.json (where a saturated run's admission depth and margin ended)."""
         return {"queue_depth": float(self.pending()), "batch_wait_us": self.sched.current_wait_ns() / 1e3,
                 "last_batch_size": float(self.step.last_batch), "rss_bytes": float(_rss_bytes()),
-                "admit_depth": float(self.sched.admit_depth), "admit_margin_us": self.sched.admit_margin_ns / 1e3}
+                "admit_depth": float(self.sched.admit_depth), "admit_margin_us": self.sched.admit_margin_ns / 1e3,
+                "feed_late_us": self.late_feed.late_ns(perf_ns()) / 1e3}
 
     def status_message(self, final: bool = False):
         return self.acct.status(self.clock.epoch(perf_ns()), conflated=self.sched.conflated,
@@ -264,8 +265,9 @@ class Service:
             self.egress.send_status(self.status_message())
         if now >= self._next_ship_ns:
             self._next_ship_ns = now + self.cfg.metrics.stats_interval_ms * 1_000_000
-            self._ship(now)
+            # judged before the snapshot is shipped, so that its feed_late_us gauge covers this interval
             self.late_feed.check(now, idle=not self.step.inflight and not self.sched.queued_slots)
+            self._ship(now)
             if not self._egress_shm:
                 sockets.drain_subscriptions(self.egress_sock)
             self.clock.refresh()

@@ -50,6 +50,7 @@ GAUGES = (
     "rss_bytes",
     "admit_depth",  # events one instrument may queue (stateful models: deadline admission's depth)
     "admit_margin_us",  # deadline admission's learned margin on the expected wait (scheduler.py)
+    "feed_late_us",  # how long the feed has arrived too old to decide (hft_infer/late_feed.py); 0: on time
 )
 
 

@@ -82,6 +82,8 @@ GAUGE_HELP = {
                    "max_pending_per_instrument)",
     "admit_margin_us": "Learned margin of deadline admission's expected wait (stateful models: grows when a step "
                        "picks stale events, fades to nothing while none do)",
+    "feed_late_us": "How long the feed has arrived older than the deadline, every event shed at ingest and nothing "
+                    "stepped (0: on time); the delay is upstream of the service",
 }
 
 

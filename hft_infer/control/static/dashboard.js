@@ -122,6 +122,9 @@
     setText($("f-decisions_per_s"), Plot.fmtNum(f.rates.decisions_per_s));
     setText($("f-queue_depth"), Plot.fmtNum(f.gauges.queue_depth));
     setText($("f-last_batch_size"), Plot.fmtNum(f.gauges.last_batch_size));
+    const late = f.gauges.feed_late_us ?? 0;  // 0: on time (hft_infer/late_feed.py)
+    setText($("f-feed_late_us"), late > 0 ? Plot.fmtUs(late) : "no");
+    $("f-feed_late_us").classList.toggle("alert", late > 0);
     for (const k of FIGURE_COUNTERS) {
       const el = $("f-" + k), v = f.counters[k];
       setText(el, Plot.fmtNum(v));
