@@ -319,8 +319,16 @@ while True:
                                                 for k in cur), flush=True)
     prev = cur' >> "$WORK/${name}_cpu.log" 2>&1 &
   pid=$!  # the sampler itself (wave28m's ran in a subshell that kill left running)
+  local gpid=""
+  if command -v nvidia-smi >/dev/null; then  # the GPU's busy share and power beside it: is it the GPU that saturates?
+    { head -1 "$WORK/provenance.txt"; echo "# GPU each 0.5 s during $name (nvidia-smi: time, kernel-busy %, memory-controller %, W, SM MHz)"; } \
+      > "$WORK/${name}_gpu.log"
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,power.draw,clocks.sm --format=csv,noheader \
+      -lms 500 >> "$WORK/${name}_gpu.log" 2>&1 &
+    gpid=$!
+  fi
   "$@"
-  kill "$pid" 2>/dev/null
+  kill "$pid" $gpid 2>/dev/null
 }
 
 shards_alternated() {  # shards_alternated PREFIX ROUNDS TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." ORDER [SET...]:
