@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", action="store_true",
                     help="each shard's snapshots.jsonl, one row per stats interval, instead of the totals")
     a = ap.parse_args(argv)
+    if a.header:  # first, even when a run below has nothing to read (the log still names its commit)
+        print(a.header, flush=True)
     rows = []
     columns = TIMELINE_COLUMNS if a.timeline else COLUMNS
     for spec in a.runs:
@@ -98,12 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             timeline = f.parent.parent / "snapshots.jsonl"  # RUN/shardI/snapshots.jsonl beside service/
             if not timeline.exists():
-                print(f"shard_accounting: {timeline}: no snapshots.jsonl (a bench run from before it was written?)",
-                      file=sys.stderr)
+                print(f"shard_accounting: {timeline}: no snapshots.jsonl (a run cut off before its shards "
+                      "stopped, or one from before the timeline was written)", file=sys.stderr)
                 return 1
             rows += timeline_rows(name, shard, timeline)
-    if a.header:
-        print(a.header)
     what = ("per-shard timeline, one row per stats interval (each shard's snapshots.jsonl)" if a.timeline else
             "per-shard accounting and loop counters (each shard's service.json)")
     print(f"# {what}: " + " ".join(columns))
