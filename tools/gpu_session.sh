@@ -1354,9 +1354,9 @@ elif [ "$phase" = wave28r ]; then
     EXTRA_ARGS=--balance-shards cpu_sampled "shards11_$prec" shards_inst "shards11_$prec" 60 1024 92000 11 lstm_a:11 \
       runner.precision=$prec
   done
+  gpu_tests 160 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_if4 shards_inst shards11_tf32_if4 60 1024 92000 11 \
     lstm_a:11 runner.precision=tf32 runner.max_inflight=4
-  gpu_tests 160 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   summarize
   verbatim gpu_ceiling shards11_fp32 shards11_tf32 shards11_tf32_if4 gpu_tests
 elif [ "$phase" = smoke ]; then
