@@ -2,7 +2,7 @@
 """How many rows a second one GPU steps when N processes step it at once (needs CUDA; run
 under MPS as the shards are: `bash tools/with_mps.sh python tools/bench_gpu_ceiling.py ...`).
 
-    python tools/bench_gpu_ceiling.py --procs 11 --batch 42 --precisions fp32,tf32,bf16 \
+    python tools/bench_gpu_ceiling.py --procs 11 --batches 42,64 --precisions fp32,tf32,bf16 \
         [--inflight 3] [--seconds 3] [--cores 5-15] [--json out.json]
 
 Why: N lstm_a shards at ~1M events/s together stepped ~24k steps (~1M rows) a second whatever
@@ -10,8 +10,10 @@ their layout (BENCHMARKS.md wave 27), each step's wall time ~1.2 ms against ~45 
 time alone. This measures that ceiling without the service: no feed, no ingest, no publish, only
 the engine the service runs (`build_runtime` from a config like configs/gpu.toml: lstm_a window,
 incremental, graph engine, `runner.precision` per row), each process keeping `--inflight` steps
-of `--batch` rows in flight back to back, all processes started together. Each precision is run
-by one process alone (the solo row) and by all N, so the table says what sharing the GPU costs.
+of B rows (each of `--batches`) in flight back to back, all processes started together. Each
+precision and batch is run by one process alone (the solo row) and by all N, so the table says what
+sharing the GPU costs; rows/s that grows with the batch says the steps, not the arithmetic, are
+what the GPU runs out of.
 
 Every process is pinned to its own core (`--cores`, as bench --shards pins the shards), builds its
 engine (self-checked as serve does), says it is ready, and waits for the start time the parent
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,6 +34,10 @@ import numpy as np
 from benchlib import table, write_json
 
 N_SLOTS = 96  # ~1,024 instruments over 11 shards
+
+
+def _batches(spec: str) -> list[int]:
+    return [int(b) for b in spec.split(",")]
 
 
 def _cores(spec: str) -> list[int]:
@@ -43,11 +50,11 @@ def _cores(spec: str) -> list[int]:
 
 # ------------------------------------------------------------------ worker (one process)
 
-def _build(precision: str, inflight: int, batch: int, engine: str, device: str):
+def _build(precision: str, inflight: int, batches: list[int], engine: str, device: str):
     from hft_infer.config import load_config
     from hft_infer.runner.select import build_runtime
 
-    buckets = sorted({1, 2, 4, 8, 16, 32, 64, batch})
+    buckets = sorted({1, 2, 4, 8, 16, 32, 64, *batches})
     cfg = load_config(None, ['model.checkpoint=""', 'model.preset="lstm_a"', 'model.mode="window"',
                              'model.window_method="incremental"', f'runner.engine="{engine}"',
                              f'runner.device="{device}"', f'runner.precision="{precision}"',
@@ -100,12 +107,12 @@ def worker(args) -> None:
     if args.core >= 0:
         os.sched_setaffinity(0, {args.core})
     for precision in args.precisions.split(","):
-        rt = _build(precision, args.inflight, args.batch, args.engine, args.device)
+        rt = _build(precision, args.inflight, _batches(args.batches), args.engine, args.device)
         print(json.dumps({"ready": precision}), flush=True)
         for line in sys.stdin:
             cmd = line.split()
             if cmd[0] == "run":
-                r = _run(rt.engine, args.batch, float(cmd[1]), args.seconds)
+                r = _run(rt.engine, int(cmd[2]), float(cmd[1]), args.seconds)
                 print(json.dumps(r | {"precision": precision}), flush=True)
             elif cmd[0] == "next":
                 break
@@ -124,10 +131,10 @@ def _expect(p: subprocess.Popen, key: str) -> dict:
     return msg
 
 
-def _phase(workers: list, seconds: float) -> list[dict]:
+def _phase(workers: list, batch: int) -> list[dict]:
     start = time.time() + 0.5
     for p in workers:
-        p.stdin.write(f"run {start}\n")
+        p.stdin.write(f"run {start} {batch}\n")
         p.stdin.flush()
     return [_expect(p, "steps") for p in workers]
 
@@ -136,8 +143,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--procs", type=int, default=11, help="processes stepping the GPU at once (default 11)")
-    ap.add_argument("--batch", type=int, default=42, help="rows a step (default 42: 11 shards at ~91k events/s "
-                    "stepping ~2,200 times a second)")
+    ap.add_argument("--batches", default="42,64", help="rows a step, each in turn (default 42,64: 42 is what 11 "
+                    "shards at ~91k events/s stepping ~2,200 times a second carry)")
     ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument("--inflight", type=int, default=3, help="steps each process keeps in flight (runner.max_inflight)")
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -151,12 +158,16 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    if not 1 <= args.batch <= 64:
-        ap.error("--batch: 1 to 64 (the largest bucket)")
+    try:
+        batches = _batches(args.batches)
+    except ValueError:
+        ap.error(f"--batches {args.batches!r}: a comma-separated list of whole numbers")
+    if not all(1 <= b <= 64 for b in batches):
+        ap.error("--batches: each 1 to 64 (the largest bucket)")
     cores = _cores(args.cores)
     if len(cores) < args.procs:
         ap.error(f"--cores {args.cores}: {len(cores)} cores for {args.procs} processes")
-    cmd = [sys.executable, __file__, "--worker", "--batch", str(args.batch), "--precisions", args.precisions,
+    cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--precisions", args.precisions,
            "--inflight", str(args.inflight), "--seconds", str(args.seconds), "--engine", args.engine,
            "--device", args.device]
     workers = [subprocess.Popen(cmd + ["--core", str(cores[i])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -166,20 +177,21 @@ def main() -> int:
         for precision in args.precisions.split(","):
             for p in workers:
                 _expect(p, "ready")
-            for label, group in (("solo", workers[:1]), (f"{args.procs} at once", workers)):
-                got = _phase(group, args.seconds)
-                steps = sum(r["steps"] for r in got)
-                n_rows = sum(r["rows"] for r in got)
-                worst_p99 = max((r["p99_us"] or 0.0) for r in got)
-                p50 = float(np.median([r["p50_us"] for r in got if r["p50_us"] is not None]))
-                res = {"precision": precision, "procs": len(group), "batch": args.batch, "inflight": args.inflight,
-                       "steps_per_s": steps / args.seconds, "rows_per_s": n_rows / args.seconds,
-                       "step_p50_us": p50, "step_p99_us_worst": worst_p99, "per_proc": got}
-                results.append(res)
-                rows.append([precision, label, args.batch, args.inflight, round(res["steps_per_s"]),
-                             round(res["rows_per_s"]), p50, worst_p99])
-                print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
-                             "step p50 µs (median proc)", "step p99 µs (worst proc)"], rows[-1:]), flush=True)
+            for batch in batches:
+                for label, group in (("solo", workers[:1]), (f"{args.procs} at once", workers)):
+                    got = _phase(group, batch)
+                    steps = sum(r["steps"] for r in got)
+                    n_rows = sum(r["rows"] for r in got)
+                    worst_p99 = max((r["p99_us"] or 0.0) for r in got)
+                    p50 = float(np.median([r["p50_us"] for r in got if r["p50_us"] is not None]))
+                    res = {"precision": precision, "procs": len(group), "batch": batch, "inflight": args.inflight,
+                           "steps_per_s": steps / args.seconds, "rows_per_s": n_rows / args.seconds,
+                           "step_p50_us": p50, "step_p99_us_worst": worst_p99, "per_proc": got}
+                    results.append(res)
+                    rows.append([precision, label, batch, args.inflight, round(res["steps_per_s"]),
+                                 round(res["rows_per_s"]), p50, worst_p99])
+                    print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
+                                 "step p50 µs (median proc)", "step p99 µs (worst proc)"], rows[-1:]), flush=True)
             for p in workers:
                 p.stdin.write("next\n")
                 p.stdin.flush()
@@ -190,12 +202,13 @@ def main() -> int:
             except OSError:
                 pass
             p.wait(timeout=60)
-    base = {r["procs"]: r["rows_per_s"] for r in results if r["precision"] == results[0]["precision"]}
+    first = results[0]["precision"]
+    base = {(r["procs"], r["batch"]): r["rows_per_s"] for r in results if r["precision"] == first}
     print()
     print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
-                 f"rows/s vs {results[0]['precision']}", "step p50 µs (median proc)", "step p99 µs (worst proc)"],
+                 f"rows/s vs {first}", "step p50 µs (median proc)", "step p99 µs (worst proc)"],
                 [[r["precision"], r["procs"], r["batch"], r["inflight"], round(r["steps_per_s"]),
-                  round(r["rows_per_s"]), r["rows_per_s"] / base[r["procs"]] if base.get(r["procs"]) else None,
+                  round(r["rows_per_s"]), r["rows_per_s"] / base.get((r["procs"], r["batch"]), math.nan),
                   r["step_p50_us"], r["step_p99_us_worst"]] for r in results], digits=2))
     print("rows/s: rows stepped by all processes over the same window; a step's time is submit -> collect "
           "as the process saw it (with its other steps in flight)")
