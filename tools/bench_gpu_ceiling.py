@@ -184,7 +184,8 @@ def main() -> int:
                     n_rows = sum(r["rows"] for r in got)
                     worst_p99 = max((r["p99_us"] or 0.0) for r in got)
                     p50 = float(np.median([r["p50_us"] for r in got if r["p50_us"] is not None]))
-                    res = {"precision": precision, "procs": len(group), "batch": batch, "inflight": args.inflight,
+                    res = {"precision": precision, "procs": len(group), "solo": label == "solo", "batch": batch,
+                           "inflight": args.inflight,
                            "steps_per_s": steps / args.seconds, "rows_per_s": n_rows / args.seconds,
                            "step_p50_us": p50, "step_p99_us_worst": worst_p99, "per_proc": got}
                     results.append(res)
@@ -203,12 +204,12 @@ def main() -> int:
                 pass
             p.wait(timeout=60)
     first = results[0]["precision"]
-    base = {(r["procs"], r["batch"]): r["rows_per_s"] for r in results if r["precision"] == first}
+    base = {(r["solo"], r["batch"]): r["rows_per_s"] for r in results if r["precision"] == first}
     print()
     print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
                  f"rows/s vs {first}", "step p50 µs (median proc)", "step p99 µs (worst proc)"],
                 [[r["precision"], r["procs"], r["batch"], r["inflight"], round(r["steps_per_s"]),
-                  round(r["rows_per_s"]), r["rows_per_s"] / base.get((r["procs"], r["batch"]), math.nan),
+                  round(r["rows_per_s"]), r["rows_per_s"] / base.get((r["solo"], r["batch"]), math.nan),
                   r["step_p50_us"], r["step_p99_us_worst"]] for r in results], digits=2))
     print("rows/s: rows stepped by all processes over the same window; a step's time is submit -> collect "
           "as the process saw it (with its other steps in flight)")
