@@ -87,6 +87,11 @@ def _physical_cores_first(candidates: list[int], siblings: dict[int, frozenset[i
     return first + [c for c in candidates if c not in taken]
 
 
+# shards on one host from which one helper core for all of them is warned of: a handful share one
+# core's I/O threads at low rates, but 12 lstm_a shards at ~1M events/s saturated it (wave 27)
+MANY_SHARDS = 4
+
+
 def plan_placement(
     cpu_cfg,
     device: str,
@@ -238,6 +243,11 @@ def plan_placement(
         elif set(helpers) & (busy - set(hot)):
             warnings.append(f"no core left for helper threads beside the {len(busy)} shards' hot cores "
                             f"({format_cpulist(busy)}): libzmq IO threads share other shards' busy-polling cores")
+        elif len(helpers) == 1 and len(reserved) >= MANY_SHARDS:
+            warnings.append(f"the {len(reserved)} shards on this host leave one core ({helpers[0]}) for every "
+                            "helper thread (all their libzmq IO threads, CUDA's): near 1M events/s across them "
+                            "one core saturates and the feed arrives late (12 lstm_a shards did, BENCHMARKS.md "
+                            "wave 27); leave two or more (fewer shards, or cpu.cores)")
     if cpu_cfg.rt_priority > 0 and hot and not set(hot) <= set(isolated):
         warnings.append(f"SCHED_FIFO {cpu_cfg.rt_priority} on a non-isolated core: a spinning FIFO thread "
                         "starves that core's kernel threads (RT throttling leaves them 5%)")

@@ -171,6 +171,18 @@ def test_more_shards_than_cores_share_hot_cores_with_helpers_and_say_so(tmp_path
     assert any("share other shards' busy-polling cores" in w for w in p.warnings)
 
 
+def test_many_shards_with_one_helper_core_left_are_warned_of(tmp_path):
+    root = make_sysfs(tmp_path, nodes=ONE_NODE, pci={GPU: 0})
+    crowded = plan_placement(cpu(), "cuda:0", slot=0, shards=15, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+    assert crowded.helper_cores == (0,)
+    assert any("15 shards on this host leave one core (0) for every helper thread" in w for w in crowded.warnings)
+    roomy = plan_placement(cpu(), "cuda:0", slot=0, shards=14, sysfs_root=root, inherited=range(16), gpu_pci=GPU)
+    assert roomy.helper_cores == (0, 1) and not any("helper thread" in w for w in roomy.warnings)
+    few = make_sysfs(tmp_path / "few", online="0-3", nodes={0: "0-3"}, pci={GPU: 0})  # 3 shards, one core left:
+    small = plan_placement(cpu(), "cuda:0", slot=0, shards=3, sysfs_root=few, inherited=range(4), gpu_pci=GPU)
+    assert small.helper_cores == (0,) and not any("helper thread" in w for w in small.warnings)  # too few to say
+
+
 HALVES = {c: f"{c % 8},{c % 8 + 8}" for c in range(16)}  # 8 physical cores, threads c and c + 8
 ADJACENT = {c: f"{c & ~1},{c | 1}" for c in range(16)}  # 8 physical cores, threads 2k and 2k + 1
 
