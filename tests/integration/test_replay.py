@@ -23,6 +23,8 @@ from hft_infer.transport.schema import ALL_INSTRUMENTS, Decision, Reason, Reset
 ROOT = Path(__file__).resolve().parents[2]
 LOBSTER = ROOT / "tests" / "fixtures" / "lobster"
 
+DEADLINE_1S = "scheduler.max_age_us=1000000"  # tests of what a replay verifies, not of deadlines
+
 
 def cli(*args, env=None, timeout=240):
     return subprocess.run([sys.executable, "-m", "hft_infer", *args], capture_output=True, text=True,
@@ -73,16 +75,18 @@ def test_record_then_replay_reproduces_the_frames_exactly(tmp_path):
 
 def test_lobster_replay_with_verify_against_a_running_service(tmp_path):
     """Twice through one service: the second replay verifies against a fresh start only because
-    the replay's Reset clears the state the first one left behind (windows, held positions)."""
-    with ServiceUnderTest() as svc:
+    the replay's Reset clears the state the first one left behind (windows, held positions). A deadline
+    of a second: the feed is 15 events, and a VM that stalls the pacer past the default 5 ms (seen once in
+    CI: 5.8 ms late) would shed them all and leave nothing to verify."""
+    with ServiceUnderTest(TEST_MODEL + [DEADLINE_1S]) as svc:
         svc.start(feed=False)  # the replay binds the feed endpoint
         env = dict(os.environ, HFT_INFER_RUNTIME_DIR=svc.runtime)
         runs = []
         for k in range(2):
             r = cli("replay", str(next(LOBSTER.glob("AAPL*message*"))), str(next(LOBSTER.glob("MSFT*message*"))),
                     "--rate", "50000", "--verify", "--set", "service.name=t",
-                    *sum((["--set", o] for o in TEST_MODEL), []), "--run-dir", str(tmp_path / f"run{k}"), "--quiet",
-                    env=env)
+                    *sum((["--set", o] for o in TEST_MODEL + [DEADLINE_1S]), []),
+                    "--run-dir", str(tmp_path / f"run{k}"), "--quiet", env=env)
             assert r.returncode == 0, r.stderr + r.stdout
             assert "0 mismatches" in r.stderr
             runs.append(json.loads((tmp_path / f"run{k}" / "summary.json").read_text()))
@@ -241,7 +245,8 @@ def test_a_ring_as_deep_as_a_step_reads_and_the_queue_keeps_every_row(tmp_path, 
     assert r.returncode == 0, r.stderr + r.stdout
     acct = summary["accounting"]
     assert acct["lost"] == 0 and final.received == 20000
-    assert acct["decided"] > 2 * 3 * depth and acct["shed"] > 0  # each slot's ring wrapped, its queue was full
+    # each slot's ring wrapped at least twice (a slow VM's run decided ~2.1 rings a slot), its queue was full
+    assert acct["decided"] > 2 * 2 * depth and acct["shed"] > 0
     assert summary["verify"]["mismatches"] == 0 and summary["verify"]["compared"] == acct["decided"]
 
 
