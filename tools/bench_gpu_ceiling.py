@@ -33,19 +33,15 @@ import time
 import numpy as np
 from benchlib import table, write_json
 
+from hft_infer.topology import parse_cpulist
+
 N_SLOTS = 96  # ~1,024 instruments over 11 shards
+HEADERS = ["precision", "processes", "batch", "in flight", "steps/s", "rows/s", "step p50 µs (median proc)",
+           "step p99 µs (worst proc)"]
 
 
 def _batches(spec: str) -> list[int]:
     return [int(b) for b in spec.split(",")]
-
-
-def _cores(spec: str) -> list[int]:
-    out = []
-    for part in spec.split(","):
-        a, _, b = part.partition("-")
-        out += range(int(a), int(b or a) + 1)
-    return out
 
 
 # ------------------------------------------------------------------ worker (one process)
@@ -73,7 +69,7 @@ def _run(eng, batch: int, start_epoch: float, seconds: float) -> dict:
     """Keep the engine's buffers full of `batch`-row steps from start_epoch for `seconds`."""
     lat = []
     t_submit = []
-    slots_all = np.arange(N_SLOTS)
+    ring = np.tile(np.arange(N_SLOTS), 2)  # ring[k:k + batch]: the next `batch` slots from k, wrapping
     pos = 1
     k = 0
     while time.time() < start_epoch:
@@ -86,7 +82,7 @@ def _run(eng, batch: int, start_epoch: float, seconds: float) -> dict:
             break
         if now < t_end and eng.can_submit:
             slots, positions = eng.request()
-            slots[:batch] = np.roll(slots_all, -k)[:batch]  # a different set of slots each step
+            slots[:batch] = ring[k:k + batch]  # a different set of slots each step
             positions[:batch] = pos
             k = (k + batch) % N_SLOTS
             pos += 1
@@ -164,7 +160,10 @@ def main() -> int:
         ap.error(f"--batches {args.batches!r}: a comma-separated list of whole numbers")
     if not all(1 <= b <= 64 for b in batches):
         ap.error("--batches: each 1 to 64 (the largest bucket)")
-    cores = _cores(args.cores)
+    try:
+        cores = parse_cpulist(args.cores)
+    except ValueError:
+        ap.error(f"--cores {args.cores!r}: a cpulist such as 5-15 or 2,4-6")
     if len(cores) < args.procs:
         ap.error(f"--cores {args.cores}: {len(cores)} cores for {args.procs} processes")
     cmd = [sys.executable, __file__, "--worker", "--batches", args.batches, "--precisions", args.precisions,
@@ -172,7 +171,7 @@ def main() -> int:
            "--device", args.device]
     workers = [subprocess.Popen(cmd + ["--core", str(cores[i])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True) for i in range(args.procs)]
-    rows, results = [], []
+    results = []
     try:
         for precision in args.precisions.split(","):
             for p in workers:
@@ -189,10 +188,8 @@ def main() -> int:
                            "steps_per_s": steps / args.seconds, "rows_per_s": n_rows / args.seconds,
                            "step_p50_us": p50, "step_p99_us_worst": worst_p99, "per_proc": got}
                     results.append(res)
-                    rows.append([precision, label, batch, args.inflight, round(res["steps_per_s"]),
-                                 round(res["rows_per_s"]), p50, worst_p99])
-                    print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
-                                 "step p50 µs (median proc)", "step p99 µs (worst proc)"], rows[-1:]), flush=True)
+                    print(table(HEADERS, [[precision, label, batch, args.inflight, round(res["steps_per_s"]),
+                                           round(res["rows_per_s"]), p50, worst_p99]]), flush=True)
             for p in workers:
                 p.stdin.write("next\n")
                 p.stdin.flush()
@@ -206,8 +203,7 @@ def main() -> int:
     first = results[0]["precision"]
     base = {(r["solo"], r["batch"]): r["rows_per_s"] for r in results if r["precision"] == first}
     print()
-    print(table(["precision", "processes", "batch", "in flight", "steps/s", "rows/s",
-                 f"rows/s vs {first}", "step p50 µs (median proc)", "step p99 µs (worst proc)"],
+    print(table(HEADERS[:6] + [f"rows/s vs {first}"] + HEADERS[6:],
                 [[r["precision"], r["procs"], r["batch"], r["inflight"], round(r["steps_per_s"]),
                   round(r["rows_per_s"]), r["rows_per_s"] / base.get((r["solo"], r["batch"]), math.nan),
                   r["step_p50_us"], r["step_p99_us_worst"]] for r in results], digits=2))

@@ -86,9 +86,10 @@
 #   tools/gpu_session.sh wave28n           # 1.008M offered over 12, 11 and 10 lstm_a shards (one, two and three
 #                                          # helper cores), alternated twice, each core's load sampled (~250 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave28q # 12 shards with bench's two helper cores (one collector) twice, around
-#                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3, then the GPU tests (~290 s)
-#   tools/gpu_session.sh wave28r            # the GPU's rows/s ceiling at 11 processes per precision, 11 shards in fp32
-#                                          # and tf32 at 1.012M, tf32 with 4 steps in flight, GPU tests (~480 s)
+#                                          # 11 shards a step ahead (BASE_TGZ: the branch) and not, at max_inflight 3,
+#                                          # then the GPU tests (~290 s)
+#   tools/gpu_session.sh wave28r            # the GPU tests, the GPU's rows/s ceiling at 11 processes in fp32 and tf32,
+#                                          # 11 shards at 1.012M in tf32 and fp32, tf32 with 4 steps in flight (~250 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end

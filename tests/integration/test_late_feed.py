@@ -61,7 +61,7 @@ def test_a_late_feed_is_named_in_the_log_and_its_end_too():
         assert "older than the deadline (scheduler.max_age_us = 5000) on arrival" in log
         assert "on time again" not in log
         late = _late_gauges(pull)
-        # the spell counts from the start of its first interval, so the gauge is never 0 during it
+        # the spell counts from the start of its first interval: a whole interval already at its first snapshot
         spell = [g for g in late if g > 0]
         assert spell and spell == sorted(spell) and spell[-1] >= 100_000, late  # >= one 100 ms interval
         late_sent = seq
