@@ -25,7 +25,7 @@ first; after a grid-wide barrier (nobody reads the old h any more) each
 program copies its own units into the state. Phases:
 
     phase k < L : copy layer k-1's new h into the state (k > 0); compute layer k
-    phase L     : copy layer L-1's new h; program (0, 0) computes head + decision
+    phase L     : copy layer L-1's new h; every program computes the head + decision of its share of the entries
 
 `persistent=True` runs all phases in one launch with a grid barrier between
 phases (L barriers); `persistent=False` launches each phase separately (L+1
@@ -130,30 +130,34 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
     # this program's private x-projection rows: [n_rows, G4] at xp_base
     xp_base = xp_ptr + ((ms * NB + j) * n_rows).to(tl.int64) * G4
     if layer == 0:
-        # Layer 1's input projection, once per batch entry: in window mode all W
-        # open windows of the entry share it.
         f = tl.arange(0, F_PAD)
         fmask = f < F
         mean = tl.load(mean_ptr + f, mask=fmask, other=0.0)
         istd = tl.load(istd_ptr + f, mask=fmask, other=0.0)
         wx = tl.load(wx0_ptr + (j * F_PAD + f[:, None]) * G4 + g4[None, :])
         xb = tl.arange(0, XB)
-        for b0 in range(0, n_rows, XB):
-            b = b0 + xb
-            bmask = b < n_rows
-            rp = rows_ptr + _row_offsets(b, bmask, slots_ptr, pos_ptr, F, RH, ROWS_RING, VOL)
-            raw = tl.load(rp[:, None] + f[None, :], mask=bmask[:, None] & fmask[None, :], other=0.0, volatile=VOL)
-            bid0 = tl.load(rp, mask=bmask, other=0.0, volatile=VOL)
-            ask0 = tl.load(rp + 2, mask=bmask, other=0.0, volatile=VOL)
-            x = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :],
-                          bmask[:, None] & fmask[None, :])
-            xp = _mm(x, wx, tl.zeros([XB, G4], dtype=tl.float32), PREC, BF16, UPCAST)
-            tl.store(xp_base + b[:, None] * G4 + g4[None, :], xp, mask=bmask[:, None])
-        tl.debug_barrier()  # the gathers below read what other threads of this program stored
     for tile in range(ms, tl.cdiv(n_r, BLOCK_M), n_ms):
         r, b, srow0, rmask, keep = _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L, W, WINDOW, BLOCK_M, VOL)
         srow = srow0 + layer * W
         if layer == 0:
+            # Layer 1's input projection, once per batch entry (window mode: its W open
+            # windows share it), for this tile's entries only: a tile of BLOCK_M rows spans
+            # at most BLOCK_M / W + 2 entries (one XB pass in window mode), where projecting
+            # every entry of the batch in every program cost a serial pass per 16 entries.
+            b_hi = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // W, n_rows - 1)
+            for b0 in range((tile * BLOCK_M) // W, b_hi + 1, XB):
+                bx = b0 + xb
+                bmask = bx <= b_hi
+                rp = rows_ptr + _row_offsets(bx, bmask, slots_ptr, pos_ptr, F, RH, ROWS_RING, VOL)
+                raw = tl.load(rp[:, None] + f[None, :], mask=bmask[:, None] & fmask[None, :], other=0.0,
+                              volatile=VOL)
+                bid0 = tl.load(rp, mask=bmask, other=0.0, volatile=VOL)
+                ask0 = tl.load(rp + 2, mask=bmask, other=0.0, volatile=VOL)
+                x = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :],
+                              bmask[:, None] & fmask[None, :])
+                xp = _mm(x, wx, tl.zeros([XB, G4], dtype=tl.float32), PREC, BF16, UPCAST)
+                tl.store(xp_base + bx[:, None] * G4 + g4[None, :], xp, mask=bmask[:, None])
+            tl.debug_barrier()  # the gather below reads what other threads of this program stored
             acc = tl.load(xp_base + b[:, None] * G4 + g4[None, :], mask=rmask[:, None], other=0.0)
         else:
             # Input: the layer below's new h of the same rows, written by every program (.cg: L2).
@@ -203,12 +207,16 @@ def _lstm_copy_h(layer: tl.constexpr, j, ms, n_ms, n_rows, slots_ptr, pos_ptr, h
 
 
 @triton.jit
-def _lstm_head(n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr,
-               H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, KH: tl.constexpr, BLOCK_K: tl.constexpr,
-               WINDOW: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr, VOL: tl.constexpr):
-    """Head + decision of every batch entry from the top layer's new h (scratch), one program."""
+def _lstm_head(part, n_parts, n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr,
+               out_ptr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, KH: tl.constexpr,
+               BLOCK_K: tl.constexpr, WINDOW: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
+               VOL: tl.constexpr):
+    """Head + decision from the top layer's new h (scratch) of batch entries part*HB.. in passes of
+    HB, every n_parts*HB: the launched kernel spreads the entries over its programs (one pass each
+    up to NB*MS*HB entries, where one program took a serial pass per HB), the persistent kernel's
+    lead runs them all (part 0 of 1). A slot is in a step once, so held[slot] has one writer."""
     kk = tl.arange(0, BLOCK_K)
-    for b0 in range(0, n_rows, HB):
+    for b0 in range(part * HB, n_rows, n_parts * HB):
         b = b0 + tl.arange(0, HB)
         bmask = b < n_rows
         if WINDOW:
@@ -277,9 +285,8 @@ def _lstm_kernel(
                         F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, ROWS_RING, HOST_IN,
                         PREC, BF16, UPCAST)
         else:
-            if (j == 0) & (ms == 0):
-                _lstm_head(n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr,
-                           H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, HOST_IN)
+            _lstm_head(ms * NB + j, NB * n_ms, n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr,
+                       held_ptr, out_ptr, H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, HOST_IN)
         if ph + 1 < PH_END:
             _grid_barrier(sync_ptr, NB * n_ms)
 

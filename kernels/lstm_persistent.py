@@ -128,7 +128,7 @@ def _lstm_persistent_kernel(
                 _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
             if lead:
                 o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
-                _lstm_head(n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
+                _lstm_head(0, 1, n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
                            H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, True)
                 _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)

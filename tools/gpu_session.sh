@@ -90,6 +90,10 @@
 #                                          # then the GPU tests (~290 s)
 #   tools/gpu_session.sh wave28r            # the GPU tests, the GPU's rows/s ceiling at 11 processes in fp32 and tf32,
 #                                          # 11 shards at 1.012M in tf32 and fp32, tf32 with 4 steps in flight (~250 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave29a # the lstm kernel's per-tile projection and spread head: the tf32
+#                                          # ceiling beside BASE_TGZ's, shards at 1.012M (4 in flight) in tf32, in
+#                                          # tf32 and bf16 with finer buckets, the GPU tests, bf16/fp32 ceilings,
+#                                          # the engine's step beside BASE_TGZ's (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1360,6 +1364,40 @@ elif [ "$phase" = wave28r ]; then
     lstm_a:11 runner.precision=tf32 runner.max_inflight=4
   summarize
   verbatim gpu_tests gpu_ceiling shards11_tf32 shards11_fp32 shards11_tf32_if4
+elif [ "$phase" = wave29a ]; then
+  # kernels/lstm.py: layer 1's input projection per tile (every program projected every entry of the batch,
+  # a serial pass per 16), and the head spread over the programs (one program ran it). The GPU's rows/s
+  # ceiling at 42-row steps in tf32, BASE_TGZ's tree then this one; the shards at 1.012M in tf32 with 4 steps
+  # in flight, then with finer buckets in tf32 and bf16; the GPU tests (engines, hot path, the kernels' own);
+  # the ceiling in bf16 and fp32; the engine's step at batch 1, 8, 64 in both trees
+  setup_base
+  for who in base new; do
+    py=$PY; [ "$who" = base ] && py="$base/py"
+    cpu_sampled "ceiling_tf32_$who" step "ceiling_tf32_$who" 90 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" \
+      bash tools/with_mps.sh "$py" tools/bench_gpu_ceiling.py --procs 11 --batches 42 --precisions tf32 --seconds 2 \
+      --cores 5-15 --json "$WORK/ceiling_tf32_$who.json"
+  done
+  # gpu.toml's buckets pad a 42-row step to 64 rows (and 17-31 to 32): buckets every 4-8 rows beside them
+  fine="runner.buckets=[1,2,4,8,12,16,20,24,28,32,40,48,56,64]"
+  EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_if4 shards_inst shards11_tf32_if4 60 1024 92000 11 \
+    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  for prec in tf32 bf16; do
+    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${prec}_if4_fine" shards_inst "shards11_${prec}_if4_fine" 60 \
+      1024 92000 11 lstm_a:11 runner.precision=$prec runner.max_inflight=4 "$fine"
+  done
+  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/kernels/test_kernel_step.py \
+    tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
+  cpu_sampled ceiling_new step ceiling_new 90 bash tools/with_mps.sh $PY tools/bench_gpu_ceiling.py --procs 11 \
+    --batches 42 --precisions bf16,fp32 --seconds 2 --cores 5-15 --json "$WORK/ceiling_new.json"
+  for who in new base; do
+    py=$PY; [ "$who" = base ] && py="$base/py"
+    step "${who}_engines" 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$py" \
+      tools/bench_engines.py --quick --engines graph --models lstm_a/window --batches 1,8,64 \
+      --json "$WORK/${who}_engines.json"
+  done
+  summarize
+  verbatim ceiling_tf32_base ceiling_tf32_new shards11_tf32_if4 shards11_tf32_if4_fine shards11_bf16_if4_fine \
+    gpu_tests ceiling_new new_engines base_engines
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
