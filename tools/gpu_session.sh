@@ -94,6 +94,8 @@
 #                                          # ceiling beside BASE_TGZ's, shards at 1.012M (4 in flight) in tf32, in
 #                                          # tf32 and bf16 with finer buckets, the GPU tests, bf16/fp32 ceilings,
 #                                          # the engine's step beside BASE_TGZ's (~500 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave29b # wave29a's shards again with warm caches: BASE_TGZ's tree, this one,
+#                                          # this one with finer buckets; the GPU tests and the kernels' (~520 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1398,6 +1400,29 @@ elif [ "$phase" = wave29a ]; then
   summarize
   verbatim ceiling_tf32_base ceiling_tf32_new shards11_tf32_if4 shards11_tf32_if4_fine shards11_bf16_if4_fine \
     gpu_tests ceiling_new new_engines base_engines
+elif [ "$phase" = wave29b ]; then
+  # wave29a's shards ran with a cold Triton cache for the new kernels (each run cut off at its cap after the feed,
+  # ~1.7k steps a shard a second where wave28r's host stepped ~3.4k, the GPU 70 % busy, bf16 no better): warm
+  # both trees' tf32 kernels first, then 11 shards at 1.012M in tf32 with 4 in flight, BASE_TGZ's tree and this
+  # one alternated, this one with finer buckets; then the GPU tests, the kernels' own last
+  setup_base
+  for who in new base; do
+    py=$PY; [ "$who" = base ] && py="$base/py"
+    step "warm_$who" 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" "$py" tools/bench_engines.py --quick \
+      --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  done
+  fine="runner.buckets=[1,2,4,8,12,16,20,24,28,32,40,48,56,64]"
+  PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards11_base shards_inst shards11_base 70 1024 92000 11 \
+    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  EXTRA_ARGS=--balance-shards cpu_sampled shards11_new shards_inst shards11_new 70 1024 92000 11 \
+    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  EXTRA_ARGS=--balance-shards cpu_sampled shards11_new_fine shards_inst shards11_new_fine 70 1024 92000 11 \
+    lstm_a:11 runner.precision=tf32 runner.max_inflight=4 "$fine"
+  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  step kernel_tests 150 $PY -m pytest -q -rs -p no:cacheprovider --durations=8 tests/kernels/test_kernel_step.py \
+    tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
+  summarize
+  verbatim shards11_base shards11_new shards11_new_fine gpu_tests kernel_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
