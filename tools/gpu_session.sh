@@ -96,6 +96,8 @@
 #                                          # the engine's step beside BASE_TGZ's (~500 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave29b # wave29a's shards again with warm caches: BASE_TGZ's tree, this one,
 #                                          # this one with finer buckets; the GPU tests and the kernels' (~520 s)
+#   tools/gpu_session.sh wave29c           # 11 shards at 1.012M over 8 s of feed in tf32, bf16 and fp32 (4 in
+#                                          # flight), tf32 at 1.1M, then the GPU tests (~420 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -283,11 +285,11 @@ shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." OR
   # over EventBatch frames under MPS with a universe of INSTRUMENTS (the feed over all of them), no floor, 2 s each;
   # a run may take TIMEOUT - 10 s: 12 shards took ~40 s to be READY under MPS in wave24 (their graph captures and
   # self-checks share the GPU), and two 12-shard runs capped at 50-60 s timed out after their feed;
-  # `PY=DIR/py shards_inst ...` runs a baseline tree's (bench_shards.sh reads PY)
+  # `PY=DIR/py shards_inst ...` runs a baseline tree's (bench_shards.sh reads PY); FEED_S=8: seconds of feed
   local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6
   shift 6
   step "$name" "$t" env BUDGET_S=$(( t - 5 )) RUN_CAP_S=$(( t - 10 )) FLOOR=0 \
-       RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION=2 SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
+       RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION="${FEED_S:-2}" SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
        INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst $*" bash tools/with_mps.sh bash tools/bench_shards.sh \
        "$WORK/$name"
   shard_tables "$name"
@@ -1423,6 +1425,21 @@ elif [ "$phase" = wave29b ]; then
     tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
   summarize
   verbatim shards11_base shards11_new shards11_new_fine gpu_tests kernel_tests
+elif [ "$phase" = wave29c ]; then
+  # wave29b: 11 tf32 shards at 1.012M (4 in flight) decided ~92k/s each in every whole second of the feed but shed
+  # ~3.5-4k events each LATE in one spell near its start, 1.6 % of a 2.5 s feed (both trees). The same over 8 s of
+  # feed in tf32, bf16 and fp32, and tf32 at 1.1M (how much room is left); the GPU tests at the end
+  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
+    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  for prec in tf32 bf16 fp32; do
+    FEED_S=8 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${prec}_8s" shards_inst "shards11_${prec}_8s" 80 1024 \
+      92000 11 lstm_a:11 runner.precision=$prec runner.max_inflight=4
+  done
+  FEED_S=8 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_8s_1100k shards_inst shards11_tf32_8s_1100k 80 1024 \
+    100000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  summarize
+  verbatim shards11_tf32_8s shards11_bf16_8s shards11_fp32_8s shards11_tf32_8s_1100k gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
