@@ -98,6 +98,7 @@
 #                                          # this one with finer buckets; the GPU tests and the kernels' (~520 s)
 #   tools/gpu_session.sh wave29c           # 11 shards at 1.012M over 8 s of feed in tf32, bf16 and fp32 (4 in
 #                                          # flight), tf32 at 1.1M, then the GPU tests (~420 s)
+#   tools/gpu_session.sh wave29d           # 11 tf32 shards at 1.012M over 6 s of feed (~130 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1440,6 +1441,13 @@ elif [ "$phase" = wave29c ]; then
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   summarize
   verbatim shards11_tf32_8s shards11_bf16_8s shards11_fp32_8s shards11_tf32_8s_1100k gpu_tests
+elif [ "$phase" = wave29d ]; then
+  # wave29c's 8 s feeds ran past their 70 s caps before the feed began (the bench process built 8.6M events for
+  # ~42 s on one core, the pacer its frames for ~15 s more): one run of 6 s of feed with room for that
+  FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_6s shards_inst shards11_tf32_6s 130 1024 92000 11 \
+    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  summarize
+  verbatim shards11_tf32_6s
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
