@@ -99,6 +99,7 @@
 #   tools/gpu_session.sh wave29c           # 11 shards at 1.012M over 8 s of feed in tf32, bf16 and fp32 (4 in
 #                                          # flight), tf32 at 1.1M, then the GPU tests (~420 s)
 #   tools/gpu_session.sh wave29d           # 11 tf32 shards at 1.012M over 6 s of feed (~130 s)
+#   tools/gpu_session.sh wave29e           # wave29d with ingest.coalesce_us = 0 (~130 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1448,6 +1449,13 @@ elif [ "$phase" = wave29d ]; then
     lstm_a:11 runner.precision=tf32 runner.max_inflight=4
   summarize
   verbatim shards11_tf32_6s
+elif [ "$phase" = wave29e ]; then
+  # wave29d's 6 s feed ran in the slow regime of wave29a (every shard coalescing its reads, ~1.9k steps/s of ~48 rows
+  # where wave29b's fast runs stepped ~5.9k/s of ~16): the same run with ingest.coalesce_us = 0
+  FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_6s_c0 shards_inst shards11_tf32_6s_c0 130 1024 92000 \
+    11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=0
+  summarize
+  verbatim shards11_tf32_6s_c0
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
