@@ -100,6 +100,8 @@
 #                                          # flight), tf32 at 1.1M, then the GPU tests (~420 s)
 #   tools/gpu_session.sh wave29d           # 11 tf32 shards at 1.012M over 6 s of feed (~130 s)
 #   tools/gpu_session.sh wave29e           # wave29d with ingest.coalesce_us = 0 (~130 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave30a # this tree against BASE_TGZ's over 11 tf32 shards at 1.012M, 6 s of
+#                                          # feed, coalescing on and off, then this tree's GPU tests (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1456,6 +1458,29 @@ elif [ "$phase" = wave29e ]; then
     11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=0
   summarize
   verbatim shards11_tf32_6s_c0
+elif [ "$phase" = wave30a ]; then
+  # A change to the serving path judged against BASE_TGZ's tree over 11 tf32 shards at 1.012M, 4 in flight, 6 s of
+  # feed (e.g. this tree = next/graph-warm-replay, BASE_TGZ = main: wave 29's LATE spell near a feed's start), each
+  # tree with gpu.toml's ingest.coalesce_us (2,500) and with 0 (wave 29's slow regime held reads in every shard);
+  # the GPU tests of this tree last, so that it can land from this call
+  setup_base
+  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
+    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  for c in 2500 0; do
+    for who in base new; do
+      if [ "$who" = base ]; then
+        PY="$base/py" FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst \
+          "shards11_${who}_c$c" 120 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
+          ingest.coalesce_us=$c
+      else
+        FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst "shards11_${who}_c$c" 120 \
+          1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=$c
+      fi
+    done
+  done
+  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  summarize
+  verbatim shards11_base_c2500 shards11_new_c2500 shards11_base_c0 shards11_new_c0 gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
