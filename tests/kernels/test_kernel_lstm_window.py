@@ -36,6 +36,7 @@ class Case:
     ring: bool = True
     recompute_every: int = 1
     block_m: int | None = None
+    max_programs: int | None = None
 
 
 def _cases():
@@ -48,6 +49,9 @@ def _cases():
         Case("cpu", 2, 3, 8, 2, "bf16", 4, False, (2, 2, 2, 2), 2),
         # 16-row tiles: 4 entries x 6 windows = 24 rows, two tiles over a split grid (2 x 2 programs)
         Case("cpu", 1, 6, 7, 1, "fp32", 4, False, (3, 3, 3), 3, ring=False, block_m=16),
+        # the same with one program per hidden block (max_programs = NB): it runs both tiles, and
+        # projects entry 2, which spans the two, once for each
+        Case("cpu", 1, 6, 7, 1, "fp32", 4, False, (3, 3, 3), 3, ring=False, block_m=16, max_programs=2),
     ]
     long = (64,) * 52 + (1, 8, 64, 5, 64, 1, 8, 64)  # every instrument past W=50 rows, then mixed batches
     gpu = [Case("cuda", 10, 50, 128, 2, p, 4, True, long, 64, recompute_every=7) for p in ("fp32", "tf32", "bf16")]
@@ -59,7 +63,7 @@ def _cases():
         Case("cuda", 3, 7, 45, 3, "bf16", 4, False, (20, 1, 7, 20, 3, 20, 20, 11, 20, 20, 2), 20),
     ]
     ids = lambda c: (f"{c.device}-{c.precision}-L{c.layers}xH{c.hidden}-W{c.window}-bh{c.block_h}-"  # noqa: E731
-                     f"{'persistent' if c.persistent else 'phased'}")
+                     f"{'persistent' if c.persistent else 'phased'}{f'-mp{c.max_programs}' if c.max_programs else ''}")
     return ([pytest.param(c, id=ids(c)) for c in cpu]
             + [pytest.param(c, marks=pytest.mark.gpu, id=ids(c)) for c in gpu])
 
@@ -88,7 +92,7 @@ def test_lstm_window_matches_references(case: Case):
     n_slots = case.n_inst + 1
     sink = n_slots - 1
     w = prepare_lstm_weights(params, precision=case.precision, device=dev, block_h=case.block_h)
-    ws = alloc_window_workspace(w, max(case.batches) + case.pad, case.window)
+    ws = alloc_window_workspace(w, max(case.batches) + case.pad, case.window, max_programs=case.max_programs)
     h, c = alloc_window_state(w, n_slots, case.window)
     h32, c32 = torch.zeros_like(h), torch.zeros_like(c)
     h64, c64 = h.double(), c.double()
