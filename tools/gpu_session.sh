@@ -136,6 +136,8 @@ provenance() {
   # HFT_COMMIT first: a device copy of the tree may carry an older .git than its files
   commit=${HFT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo "unknown (no .git here: pass HFT_COMMIT)")}
   dirty=$(git status --porcelain 2>/dev/null | grep -c . || true)
+  # which (the device copy's count has been 4-17 at a clean commit): the first five, named
+  [ "${dirty:-0}" -gt 0 ] 2>/dev/null && dirty="$dirty: $(git status --porcelain 2>/dev/null | head -5 | cut -c4- | tr '\n' ' ')"
   digest=$(find hft_infer transport kernels replay configs tools tests -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sh' \) 2>/dev/null \
            | LC_ALL=C sort | xargs sha256sum 2>/dev/null | sha256sum | cut -c1-16)
   echo "commit: $commit (uncommitted files: ${dirty:-?}; source digest $digest)"
