@@ -292,8 +292,12 @@ shards_inst() {  # shards_inst NAME TIMEOUT INSTRUMENTS RATE_PER_SHARD "N..." OR
   # a run may take TIMEOUT - 10 s: 12 shards took ~40 s to be READY under MPS in wave24 (their graph captures and
   # self-checks share the GPU), and two 12-shard runs capped at 50-60 s timed out after their feed;
   # `PY=DIR/py shards_inst ...` runs a baseline tree's (bench_shards.sh reads PY); FEED_S=8: seconds of feed
-  local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6
+  local name=$1 t=$2 inst=$3 rate=$4 shards=$5 order=$6 n
   shift 6
+  # a feed longer than 2 s takes longer to build before it starts (~7 µs an event on the H100 hosts: wave29c's
+  # 8.6M events, ~42 s in the bench process and ~15 s in the pacer's, ran past 70 s caps): the timeout grows by it
+  n=$(echo "$shards" | tr ' ' '\n' | sort -n | tail -1)
+  [ "${FEED_S:-2}" -gt 2 ] && t=$(( t + (FEED_S - 2) * rate * n * 7 / 1000000 ))
   step "$name" "$t" env BUDGET_S=$(( t - 5 )) RUN_CAP_S=$(( t - 10 )) FLOOR=0 \
        RATE_PER_SHARD="$rate" FEED_BATCH=256 DURATION="${FEED_S:-2}" SHARDS="$shards" MODELS=lstm_a ORDER="$order" \
        INSTRUMENTS="$inst" EXTRA_SET="universe.instruments=$inst $*" bash tools/with_mps.sh bash tools/bench_shards.sh \
@@ -1472,10 +1476,10 @@ elif [ "$phase" = wave30a ]; then
     for who in base new; do
       if [ "$who" = base ]; then
         PY="$base/py" FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst \
-          "shards11_${who}_c$c" 120 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
+          "shards11_${who}_c$c" 100 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
           ingest.coalesce_us=$c
       else
-        FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst "shards11_${who}_c$c" 120 \
+        FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst "shards11_${who}_c$c" 100 \
           1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=$c
       fi
     done
