@@ -15,8 +15,9 @@ Exit 1 when a run directory holds no service.json.
 
 --timeline prints, instead, each shard's snapshots.jsonl (the bench's record of every stats
 snapshot; finer with `--set metrics.stats_interval_ms=100`) as one row per interval: what the
-shard received, decided and shed LATE in it, its batches and held reads, and its admission's
-gauges at its end -- when a shard fell behind, and what its admission did then.
+shard received, decided and shed LATE (and STALE) in it, its batches, held reads and the time of its
+long ingests (stall_ingest_ms), and its admission's gauges at its end -- when a shard fell behind,
+and what its admission did then.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def row(name: str, shard: str, summary: dict) -> list:
             round(counters.get("stall_ingest_us", 0) / 1000, 1), p50("ingest"), p50("step"), p50("loop_gap")]
 
 
-TIMELINE_COLUMNS = ("run", "shard", "t_s", "interval_ms", "received", "decided", "LATE", "batches",
-                    "coalesced_reads", "admit_margin_us", "admit_depth", "queue_depth")
+TIMELINE_COLUMNS = ("run", "shard", "t_s", "interval_ms", "received", "decided", "LATE", "STALE", "batches",
+                    "coalesced_reads", "stall_ingest_ms", "admit_margin_us", "admit_depth", "queue_depth")
 
 
 def timeline_rows(name: str, shard: str, path: Path) -> list[list]:
@@ -67,8 +68,12 @@ def timeline_rows(name: str, shard: str, path: Path) -> list[list]:
         p_r = prev["by_reason"] if prev else {}
         rows.append([name, shard, snap["t_s"], snap["interval_ms"],
                      c["received"] - p_c.get("received", 0), c["decided"] - p_c.get("decided", 0),
-                     r.get("LATE", 0) - p_r.get("LATE", 0), c["batches"] - p_c.get("batches", 0),
+                     r.get("LATE", 0) - p_r.get("LATE", 0), r.get("STALE", 0) - p_r.get("STALE", 0),
+                     c["batches"] - p_c.get("batches", 0),
                      c.get("coalesced_reads", 0) - p_c.get("coalesced_reads", 0),
+                     # a spell's loop: the time its long ingests took (wave 29's LATE spells: 50-90 ms of
+                     # them in the spell's second against ~15-20 in the others)
+                     round((c.get("stall_ingest_us", 0) - p_c.get("stall_ingest_us", 0)) / 1000, 1),
                      round(g.get("admit_margin_us", 0.0), 1), g.get("admit_depth", "-"), g.get("queue_depth", "-")])
         prev = snap
     return rows

@@ -44,18 +44,20 @@ def test_a_single_service_run_and_a_directory_without_one(tmp_path, capsys):
 def test_the_timeline_is_each_intervals_growth_and_the_gauges_at_its_end(tmp_path, capsys):
     run = tmp_path / "run"
     write_service(run / "shard0" / "service", received=30, decided=20, late=5, coalesced=0)
-    snaps = [{"t_s": 0.0, "interval_ms": 100.0, "final": False, "counters": {"received": 10, "decided": 8,
-              "batches": 2, "coalesced_reads": 0}, "by_reason": {}, "gauges": {"admit_margin_us": 0.0,
-              "admit_depth": 4.0, "queue_depth": 1.0}},
-             {"t_s": 0.1, "interval_ms": 100.0, "final": True, "counters": {"received": 30, "decided": 20,
-              "batches": 5, "coalesced_reads": 1}, "by_reason": {"LATE": 5}, "gauges": {"admit_margin_us": 250.04,
-              "admit_depth": 1.0, "queue_depth": 0.0}}]
+    snaps = [{"t_s": 0.0, "interval_ms": 100.0, "final": False,
+              "counters": {"received": 10, "decided": 8, "batches": 2, "coalesced_reads": 0, "stall_ingest_us": 1500},
+              "by_reason": {}, "gauges": {"admit_margin_us": 0.0, "admit_depth": 4.0, "queue_depth": 1.0}},
+             {"t_s": 0.1, "interval_ms": 100.0, "final": True,
+              "counters": {"received": 30, "decided": 20, "batches": 5, "coalesced_reads": 1, "stall_ingest_us": 4000},
+              "by_reason": {"LATE": 5, "STALE": 2},
+              "gauges": {"admit_margin_us": 250.04, "admit_depth": 1.0, "queue_depth": 0.0}}]
     (run / "shard0" / "snapshots.jsonl").write_text("".join(json.dumps(s) + "\n" for s in snaps))
     assert shard_accounting.main(["--timeline", f"x={run}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# per-shard timeline")
-    assert lines[1].split() == ["x", "0", "0.0", "100.0", "10", "8", "0", "2", "0", "0.0", "4.0", "1.0"]
-    assert lines[2].split() == ["x", "0", "0.1", "100.0", "20", "12", "5", "3", "1", "250.0", "1.0", "0.0"]
+    assert lines[1].split() == ["x", "0", "0.0", "100.0", "10", "8", "0", "0", "2", "0", "1.5", "0.0", "4.0", "1.0"]
+    assert lines[2].split() == ["x", "0", "0.1", "100.0", "20", "12", "5", "2", "3", "1", "2.5", "250.0", "1.0",
+                                "0.0"]
     (run / "shard0" / "snapshots.jsonl").unlink()  # a run cut off before its shards stopped
     assert shard_accounting.main(["--timeline", "--header", "commit: abc", f"x={run}"]) == 1
     out, err = capsys.readouterr()
