@@ -1466,7 +1466,8 @@ elif [ "$phase" = wave29e ]; then
   verbatim shards11_tf32_6s_c0
 elif [ "$phase" = wave30a ]; then
   # A change to the serving path judged against BASE_TGZ's tree over 11 tf32 shards at 1.012M, 4 in flight, 6 s of
-  # feed (e.g. this tree = next/graph-warm-replay, BASE_TGZ = main: wave 29's LATE spell near a feed's start), each
+  # feed (this tree = next/feed-start, BASE_TGZ = main: wave 29's LATE spell near a feed's start, which a lazy
+  # numpy.ma import in the first burst causes on the dev VM; or next/graph-warm-replay), each
   # tree with gpu.toml's ingest.coalesce_us (2,500) and with 0 (wave 29's slow regime held reads in every shard);
   # the GPU tests of this tree last, so that it can land from this call
   setup_base
