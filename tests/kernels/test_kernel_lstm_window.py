@@ -52,6 +52,9 @@ def _cases():
         # the same with one program per hidden block (max_programs = NB): it runs both tiles, and
         # projects entry 2, which spans the two, once for each
         Case("cpu", 1, 6, 7, 1, "fp32", 4, False, (3, 3, 3), 3, ring=False, block_m=16, max_programs=2),
+        # 18 entries x 3 windows over 16-row tiles, 2 x 4 programs: the head and decisions of entries
+        # 16-17 are the second program's share (16 entries a program)
+        Case("cpu", 1, 3, 7, 1, "fp32", 4, False, (18, 17, 18), 18, ring=False, block_m=16),
     ]
     long = (64,) * 52 + (1, 8, 64, 5, 64, 1, 8, 64)  # every instrument past W=50 rows, then mixed batches
     gpu = [Case("cuda", 10, 50, 128, 2, p, 4, True, long, 64, recompute_every=7) for p in ("fp32", "tf32", "bf16")]
