@@ -19,6 +19,7 @@ args=("$@")
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) against $base_py"
 echo "date: $(date -u +%FT%TZ)  machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 echo "command: bench ${args[*]} --set metrics.stats_interval_ms=20, $rounds rounds, this tree then the baseline"
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/feed-start-XXXXXX)
 for r in $(seq "$rounds"); do
   for who in this base; do
@@ -26,16 +27,12 @@ for r in $(seq "$rounds"); do
     run="$work/$who$r"
     line=$(timeout 300 "$py" -m hft_infer bench "${args[@]}" --set metrics.stats_interval_ms=20 --quiet \
       --run-dir "$run" 2>&1 | grep -o "shed and rejected.*" || true)
-    python3 - "$run/snapshots.jsonl" "$who $r" "$line" <<'PY'
-import json, sys
-prev, rows = None, []
-for text in open(sys.argv[1]):
-    s = json.loads(text)
-    c, r = s["counters"], s["by_reason"]
-    p = prev or {"counters": {}, "by_reason": {}}
-    shed = sum(r.get(k, 0) - p["by_reason"].get(k, 0) for k in ("LATE", "STALE", "QUEUE_FULL"))
-    rows.append((c.get("received", 0) - p["counters"].get("received", 0), shed))
-    prev = s
+    PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" python3 - "$run/snapshots.jsonl" "$who $r" "$line" <<'PY'
+import sys
+from pathlib import Path
+from shard_accounting import intervals  # each stats interval's growth, as --timeline reads it
+rows = [(c.get("received", 0), sum(r.get(k, 0) for k in ("LATE", "STALE", "QUEUE_FULL")))
+        for _, c, r in intervals(Path(sys.argv[1]))]
 start = next(i for i, x in enumerate(rows) if x[0])
 first, rest = rows[start:start + 5], rows[start + 5:-2]
 later = f"{round(sum(x[1] for x in rest) / len(rest) * 5)} of {round(sum(x[0] for x in rest) / len(rest) * 5)}" \

@@ -1475,14 +1475,10 @@ elif [ "$phase" = wave30a ]; then
     --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
   for c in 2500 0; do
     for who in base new; do
-      if [ "$who" = base ]; then
-        PY="$base/py" FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst \
-          "shards11_${who}_c$c" 100 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
-          ingest.coalesce_us=$c
-      else
-        FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst "shards11_${who}_c$c" 100 \
-          1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=$c
-      fi
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      PY="$py" FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst \
+        "shards11_${who}_c$c" 100 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
+        ingest.coalesce_us=$c
     done
   done
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py

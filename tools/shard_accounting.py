@@ -57,25 +57,30 @@ TIMELINE_COLUMNS = ("run", "shard", "t_s", "interval_ms", "received", "decided",
                     "coalesced_reads", "stall_ingest_ms", "admit_margin_us", "admit_depth", "queue_depth")
 
 
-def timeline_rows(name: str, shard: str, path: Path) -> list[list]:
-    """One row per snapshot of a snapshots.jsonl: the counters' growth over its interval (the first
-    snapshot's: since start), the gauges at its end."""
-    rows, prev = [], None
+def intervals(path: Path):
+    """Each snapshot of a snapshots.jsonl with what grew over its interval (the first snapshot's: since
+    start): (snapshot, the counters' growth, by_reason's growth), dicts of the snapshot's own keys."""
+    prev_c: dict = {}
+    prev_r: dict = {}
     for line in path.read_text().splitlines():
         snap = json.loads(line)
-        c, r, g = snap["counters"], snap["by_reason"], snap["gauges"]
-        p_c = prev["counters"] if prev else {}  # before the first snapshot: all 0
-        p_r = prev["by_reason"] if prev else {}
-        rows.append([name, shard, snap["t_s"], snap["interval_ms"],
-                     c["received"] - p_c.get("received", 0), c["decided"] - p_c.get("decided", 0),
-                     r.get("LATE", 0) - p_r.get("LATE", 0), r.get("STALE", 0) - p_r.get("STALE", 0),
-                     c["batches"] - p_c.get("batches", 0),
-                     c.get("coalesced_reads", 0) - p_c.get("coalesced_reads", 0),
+        c, r = snap["counters"], snap["by_reason"]
+        yield snap, {k: v - prev_c.get(k, 0) for k, v in c.items()}, {k: v - prev_r.get(k, 0) for k, v in r.items()}
+        prev_c, prev_r = c, r
+
+
+def timeline_rows(name: str, shard: str, path: Path) -> list[list]:
+    """One row per snapshot of a snapshots.jsonl: the counters' growth over its interval, the gauges
+    at its end."""
+    rows = []
+    for snap, c, r in intervals(path):
+        g = snap["gauges"]
+        rows.append([name, shard, snap["t_s"], snap["interval_ms"], c["received"], c["decided"],
+                     r.get("LATE", 0), r.get("STALE", 0), c["batches"], c.get("coalesced_reads", 0),
                      # a spell's loop: the time its long ingests took (wave 29's LATE spells: 50-90 ms of
                      # them in the spell's second against ~15-20 in the others)
-                     round((c.get("stall_ingest_us", 0) - p_c.get("stall_ingest_us", 0)) / 1000, 1),
+                     round(c.get("stall_ingest_us", 0) / 1000, 1),
                      round(g.get("admit_margin_us", 0.0), 1), g.get("admit_depth", "-"), g.get("queue_depth", "-")])
-        prev = snap
     return rows
 
 
