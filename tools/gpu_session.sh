@@ -102,6 +102,8 @@
 #   tools/gpu_session.sh wave29e           # wave29d with ingest.coalesce_us = 0 (~130 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave30a # this tree against BASE_TGZ's over 11 tf32 shards at 1.012M, 6 s of
 #                                          # feed, coalescing on and off, then this tree's GPU tests (~500 s)
+#   tools/gpu_session.sh wave30b           # the GPU tests first; the host's speed (lscpu, a pinned ingest micro-bench,
+#                                          # the graph step); 11 tf32 shards at 1.012M, 2.5 s of feed (~300 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -262,6 +264,13 @@ pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-pol
     e2e_run base "base_pin$run" "${run%_*}" "${PINNED[@]}"
     e2e_run new "new_pin$run" "${run%_*}" "${PINNED[@]}"
   done
+}
+
+hostcal() {  # the host's speed, for comparing device calls (wave30b): lscpu, one pinned core's ingest, the graph step
+  step host_cpu 10 bash -c 'lscpu | grep -E "Model name|MHz|^L[123]|Thread|Core|Socket|NUMA node0"; grep -m1 -E "^flags" /proc/cpuinfo | wc -w'
+  step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
+  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
+    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
 }
 
 gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest quiet with skip reasons
@@ -1484,6 +1493,17 @@ elif [ "$phase" = wave30a ]; then
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   summarize
   verbatim shards11_base_c2500 shards11_new_c2500 shards11_base_c0 shards11_new_c0 gpu_tests
+elif [ "$phase" = wave30b ]; then
+  # Which regime a host's 11 shards at 1.012M land in (BENCHMARKS.md wave 30): every run of a device call has landed
+  # in the same one, and the fast host's graph step was the quickest on the host side, so the host's own speed is
+  # recorded beside the run: lscpu, one core's ingest of 9-event EventBatch frames (the shards' frames at 1M), the
+  # graph step (bench_engines --quick). The GPU tests come first: a change lands from this call.
+  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  hostcal
+  EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32 shards_inst shards11_tf32 70 1024 92000 11 lstm_a:11 \
+    runner.precision=tf32 runner.max_inflight=4
+  summarize
+  verbatim gpu_tests host_cpu host_ingest warm shards11_tf32
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
