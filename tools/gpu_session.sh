@@ -104,6 +104,7 @@
 #                                          # feed, coalescing on and off, then this tree's GPU tests (~500 s)
 #   tools/gpu_session.sh wave30b           # the GPU tests first; the host's speed (lscpu, a pinned ingest micro-bench,
 #                                          # the graph step); 11 tf32 shards at 1.012M, 2.5 s of feed (~300 s)
+#   tools/gpu_session.sh wave30c           # the host's speed; 11 tf32 shards at 75k and at 85k a shard (~200 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1504,6 +1505,17 @@ elif [ "$phase" = wave30b ]; then
     runner.precision=tf32 runner.max_inflight=4
   summarize
   verbatim gpu_tests host_cpu host_ingest warm shards11_tf32
+elif [ "$phase" = wave30c ]; then
+  # wave 30's cost model: a shard keeps up while its host cost per event (ingest + its share of a step's complete and
+  # submit) stays under 1 / its rate; a host that decided ~80k/s a shard at 92k offered (c ~12.5 µs) should keep up at
+  # 75k a shard with small steps and little shed, and not at 85k. Below the rate, no slow regime; above it, one.
+  hostcal
+  for rate in 75000 85000; do
+    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${rate}" shards_inst "shards11_${rate}" 70 1024 "$rate" 11 \
+      lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  done
+  summarize
+  verbatim host_ingest warm shards11_75000 shards11_85000
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
