@@ -107,6 +107,8 @@
 #   tools/gpu_session.sh wave30c           # the host's speed; 11 tf32 shards at 75k and at 85k a shard (~200 s)
 #   tools/gpu_session.sh wave30d           # 11 tf32 shards at 1.012M with a 10 ms deadline, and with coalesce_us 1000
 #                                          # (~200 s)
+#   tools/gpu_session.sh wave30e           # the host's speed; 11 tf32 shards at 1.012M: coalesce_us 2500 (gpu.toml),
+#                                          # 1000, a 10 ms deadline, 1000 again, on one host (~200 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1530,6 +1532,16 @@ elif [ "$phase" = wave30d ]; then
     runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=1000
   summarize
   verbatim host_ingest warm shards11_age10ms shards11_c1000
+elif [ "$phase" = wave30e ]; then
+  # wave30d's two runs came from a host quicker than wave30b/c's (hostcal): gpu.toml's coalescing beside them on one host
+  hostcal
+  for v in c2500:ingest.coalesce_us=2500 c1000:ingest.coalesce_us=1000 age10ms:scheduler.max_age_us=10000 \
+           c1000b:ingest.coalesce_us=1000; do
+    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${v%%:*}" shards_inst "shards11_${v%%:*}" 70 1024 92000 11 \
+      lstm_a:11 runner.precision=tf32 runner.max_inflight=4 "${v#*:}"
+  done
+  summarize
+  verbatim host_ingest warm shards11_c2500 shards11_c1000 shards11_age10ms shards11_c1000b
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
