@@ -6,6 +6,7 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
     python tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,64,96 --frame-sizes 32,48,64,96,128
+    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,2,4,6,8   # a GPU shard's bursts
 
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
 and scheduler.py (for a machine without the repository's .git).
@@ -506,6 +507,9 @@ def main() -> None:
                          "size, one frame per burst against 64 (a burst's fixed cost against its per-event cost)")
     ap.add_argument("--frame-sizes", default="10,32,64,256", metavar="N,N,...",
                     help="--run-sizes: EventBatch frame sizes (events)")
+    ap.add_argument("--burst-frames", default="1,64", metavar="N,N,...",
+                    help="--run-sizes: frames read per burst (ingest.max_drain), each a row (default 1,64; a GPU "
+                         "shard at ~92k events/s reads 1-6 frames of ~9 events a burst, BENCHMARKS.md wave 30)")
     ap.add_argument("--columns-min", default="", metavar="N,N,...",
                     help="--run-sizes: each of these as ingest_batch.COLUMNS_MIN (the run size from which the "
                          "column path is taken), interleaved; default: the code's own")
@@ -585,9 +589,9 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
 
 def run_size_rows(a) -> list[tuple[str, float, str]]:
     """--run-sizes N: ingest of a sequential model (conflation off; --conflating: the default
-    model's conflation) over N instruments, EventBatch frames of --frame-sizes events, read one frame
-    per burst (a loop at saturation reads each frame as it arrives) and 64 frames per burst
-    (ingest.max_drain). A run's fixed cost shows as the gap between the two. Runs under
+    model's conflation) over N instruments, EventBatch frames of --frame-sizes events, read
+    --burst-frames frames per burst (ingest.max_drain; by default one, as a loop at saturation reads
+    each frame as it arrives, and 64). A run's fixed cost shows as the gap between the two. Runs under
     ingest_batch.COLUMNS_MIN events take the per-event path; --columns-min A,B,... measures each
     threshold (set in this process, repetitions interleaved): where the column path starts to pay."""
     rows: list[tuple[str, float, str]] = []
@@ -596,7 +600,7 @@ def run_size_rows(a) -> list[tuple[str, float, str]]:
     thresholds = [int(x) for x in a.columns_min.split(",")] if a.columns_min else [ingest_batch.COLUMNS_MIN]
     default = ingest_batch.COLUMNS_MIN
     for size in (int(x) for x in a.frame_sizes.split(",")):
-        for drain in (1, 64):
+        for drain in (int(x) for x in a.burst_frames.split(",")):
             rig = Rig([*model, "scheduler.capacity=262144", f"ingest.max_drain={drain}"], n_inst=a.run_sizes)
             frames = event_batches(a.n, size, n_inst=a.run_sizes)
             got: dict[int, list[float]] = {t: [] for t in thresholds}
