@@ -109,6 +109,7 @@
 #                                          # (~200 s)
 #   tools/gpu_session.sh wave30e           # the host's speed; 11 tf32 shards at 1.012M: coalesce_us 2500 (gpu.toml),
 #                                          # 1000, a 10 ms deadline, 1000 again, on one host (~200 s)
+#   tools/gpu_session.sh wave30f           # the host's speed; 11 shards at 1.012M in tf32, bf16, bf16, tf32 (~260 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1542,6 +1543,16 @@ elif [ "$phase" = wave30e ]; then
   done
   summarize
   verbatim host_ingest warm shards11_c2500 shards11_c1000 shards11_age10ms shards11_c1000b
+elif [ "$phase" = wave30f ]; then
+  # bf16 against tf32 on one host, alternated (wave 30: a quick host's GPU was 88-90 % busy at 1.012M in tf32; bf16's
+  # steps are ~1.24x cheaper on the GPU, wave 29's ceiling), beside the host's speed
+  hostcal
+  for v in tf32 bf16 bf16b tf32b; do
+    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_$v" shards_inst "shards11_$v" 70 1024 92000 11 lstm_a:11 \
+      runner.precision=${v%b} runner.max_inflight=4
+  done
+  summarize
+  verbatim host_ingest warm shards11_tf32 shards11_bf16 shards11_bf16b shards11_tf32b
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
