@@ -274,11 +274,24 @@ pinned_pairs() {  # pinned_pairs RATE_K...: the eager engine pinned and busy-pol
   done
 }
 
+warm_graph() {  # warm_graph NAME PYTHON: the step NAME, that tree's tf32 lstm_a graph step at batch 1, 8, 64
+  # (compiles its kernels into the Triton cache before the shards start; its table is the host's graph step)
+  step "$1" 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" "$2" tools/bench_engines.py --quick \
+    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+}
+
 hostcal() {  # the host's speed, for comparing device calls (wave30b): lscpu, one pinned core's ingest, the graph step
   step host_cpu 10 bash -c 'lscpu | grep -E "Model name|MHz|^L[123]|Thread|Core|Socket|NUMA node0"; grep -m1 -E "^flags" /proc/cpuinfo | wc -w'
   step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
-  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
-    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  warm_graph warm "$PY"
+}
+
+shards11() {  # shards11 NAME TIMEOUT RATE PRECISION [SET...]: waves 29-30's run -- 11 lstm_a shards balanced by the
+  # feed's counts over 1,024 instruments, 4 steps in flight, every core sampled (PY, FEED_S: as shards_inst reads them)
+  local name=$1 t=$2 rate=$3 prec=$4
+  shift 4
+  EXTRA_ARGS=--balance-shards cpu_sampled "$name" shards_inst "$name" "$t" 1024 "$rate" 11 lstm_a:11 \
+    runner.precision="$prec" runner.max_inflight=4 "$@"
 }
 
 gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest quiet with skip reasons
@@ -1410,11 +1423,9 @@ elif [ "$phase" = wave29a ]; then
   done
   # gpu.toml's buckets pad a 42-row step to 64 rows (and 17-31 to 32): buckets every 4-8 rows beside them
   fine="runner.buckets=[1,2,4,8,12,16,20,24,28,32,40,48,56,64]"
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_if4 shards_inst shards11_tf32_if4 60 1024 92000 11 \
-    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  shards11 shards11_tf32_if4 60 92000 tf32
   for prec in tf32 bf16; do
-    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${prec}_if4_fine" shards_inst "shards11_${prec}_if4_fine" 60 \
-      1024 92000 11 lstm_a:11 runner.precision=$prec runner.max_inflight=4 "$fine"
+    shards11 "shards11_${prec}_if4_fine" 60 92000 "$prec" "$fine"
   done
   gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/kernels/test_kernel_step.py \
     tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
@@ -1435,18 +1446,12 @@ elif [ "$phase" = wave29b ]; then
   # both trees' tf32 kernels first, then 11 shards at 1.012M in tf32 with 4 in flight, BASE_TGZ's tree and this
   # one alternated, this one with finer buckets; then the GPU tests, the kernels' own last
   setup_base
-  for who in new base; do
-    py=$PY; [ "$who" = base ] && py="$base/py"
-    step "warm_$who" 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" "$py" tools/bench_engines.py --quick \
-      --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
-  done
+  warm_graph warm_new "$PY"
+  warm_graph warm_base "$base/py"
   fine="runner.buckets=[1,2,4,8,12,16,20,24,28,32,40,48,56,64]"
-  PY="$base/py" EXTRA_ARGS=--balance-shards cpu_sampled shards11_base shards_inst shards11_base 70 1024 92000 11 \
-    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_new shards_inst shards11_new 70 1024 92000 11 \
-    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_new_fine shards_inst shards11_new_fine 70 1024 92000 11 \
-    lstm_a:11 runner.precision=tf32 runner.max_inflight=4 "$fine"
+  PY="$base/py" shards11 shards11_base 70 92000 tf32
+  shards11 shards11_new 70 92000 tf32
+  shards11 shards11_new_fine 70 92000 tf32 "$fine"
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   step kernel_tests 150 $PY -m pytest -q -rs -p no:cacheprovider --durations=8 tests/kernels/test_kernel_step.py \
     tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
@@ -1456,29 +1461,24 @@ elif [ "$phase" = wave29c ]; then
   # wave29b: 11 tf32 shards at 1.012M (4 in flight) decided ~92k/s each in every whole second of the feed but shed
   # ~3.5-4k events each LATE in one spell near its start, 1.6 % of a 2.5 s feed (both trees). The same over 8 s of
   # feed in tf32, bf16 and fp32, and tf32 at 1.1M (how much room is left); the GPU tests at the end
-  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
-    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  warm_graph warm "$PY"
   for prec in tf32 bf16 fp32; do
-    FEED_S=8 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${prec}_8s" shards_inst "shards11_${prec}_8s" 80 1024 \
-      92000 11 lstm_a:11 runner.precision=$prec runner.max_inflight=4
+    FEED_S=8 shards11 "shards11_${prec}_8s" 80 92000 "$prec"
   done
-  FEED_S=8 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_8s_1100k shards_inst shards11_tf32_8s_1100k 80 1024 \
-    100000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  FEED_S=8 shards11 shards11_tf32_8s_1100k 80 100000 tf32
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   summarize
   verbatim shards11_tf32_8s shards11_bf16_8s shards11_fp32_8s shards11_tf32_8s_1100k gpu_tests
 elif [ "$phase" = wave29d ]; then
   # wave29c's 8 s feeds ran past their 70 s caps before the feed began (the bench process built 8.6M events for
   # ~42 s on one core, the pacer its frames for ~15 s more): one run of 6 s of feed with room for that
-  FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_6s shards_inst shards11_tf32_6s 130 1024 92000 11 \
-    lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+  FEED_S=6 shards11 shards11_tf32_6s 130 92000 tf32
   summarize
   verbatim shards11_tf32_6s
 elif [ "$phase" = wave29e ]; then
   # wave29d's 6 s feed ran in the slow regime of wave29a (every shard coalescing its reads, ~1.9k steps/s of ~48 rows
   # where wave29b's fast runs stepped ~5.9k/s of ~16): the same run with ingest.coalesce_us = 0
-  FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32_6s_c0 shards_inst shards11_tf32_6s_c0 130 1024 92000 \
-    11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=0
+  FEED_S=6 shards11 shards11_tf32_6s_c0 130 92000 tf32 ingest.coalesce_us=0
   summarize
   verbatim shards11_tf32_6s_c0
 elif [ "$phase" = wave30a ]; then
@@ -1488,14 +1488,11 @@ elif [ "$phase" = wave30a ]; then
   # tree with gpu.toml's ingest.coalesce_us (2,500) and with 0 (wave 29's slow regime held reads in every shard);
   # the GPU tests of this tree last, so that it can land from this call
   setup_base
-  step warm 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" $PY tools/bench_engines.py --quick \
-    --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
+  warm_graph warm "$PY"
   for c in 2500 0; do
     for who in base new; do
       py=$PY; [ "$who" = base ] && py="$base/py"
-      PY="$py" FEED_S=6 EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${who}_c$c" shards_inst \
-        "shards11_${who}_c$c" 100 1024 92000 11 lstm_a:11 runner.precision=tf32 runner.max_inflight=4 \
-        ingest.coalesce_us=$c
+      PY="$py" FEED_S=6 shards11 "shards11_${who}_c$c" 100 92000 tf32 ingest.coalesce_us=$c
     done
   done
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
@@ -1508,8 +1505,7 @@ elif [ "$phase" = wave30b ]; then
   # graph step (bench_engines --quick). The GPU tests come first: a change lands from this call.
   gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
   hostcal
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_tf32 shards_inst shards11_tf32 70 1024 92000 11 lstm_a:11 \
-    runner.precision=tf32 runner.max_inflight=4
+  shards11 shards11_tf32 70 92000 tf32
   summarize
   verbatim gpu_tests host_cpu host_ingest warm shards11_tf32
 elif [ "$phase" = wave30c ]; then
@@ -1518,8 +1514,7 @@ elif [ "$phase" = wave30c ]; then
   # 75k a shard with small steps and little shed, and not at 85k. Below the rate, no slow regime; above it, one.
   hostcal
   for rate in 75000 85000; do
-    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${rate}" shards_inst "shards11_${rate}" 70 1024 "$rate" 11 \
-      lstm_a:11 runner.precision=tf32 runner.max_inflight=4
+    shards11 "shards11_${rate}" 70 "$rate" tf32
   done
   summarize
   verbatim host_ingest warm shards11_75000 shards11_85000
@@ -1529,10 +1524,8 @@ elif [ "$phase" = wave30d ]; then
   # the target's deadline is 5 ms); coalesce_us 1000 shortens the socket's share of that latency (wire p50 ~1.3 ms
   # under 2500)
   hostcal
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_age10ms shards_inst shards11_age10ms 70 1024 92000 11 lstm_a:11 \
-    runner.precision=tf32 runner.max_inflight=4 scheduler.max_age_us=10000
-  EXTRA_ARGS=--balance-shards cpu_sampled shards11_c1000 shards_inst shards11_c1000 70 1024 92000 11 lstm_a:11 \
-    runner.precision=tf32 runner.max_inflight=4 ingest.coalesce_us=1000
+  shards11 shards11_age10ms 70 92000 tf32 scheduler.max_age_us=10000
+  shards11 shards11_c1000 70 92000 tf32 ingest.coalesce_us=1000
   summarize
   verbatim host_ingest warm shards11_age10ms shards11_c1000
 elif [ "$phase" = wave30e ]; then
@@ -1540,8 +1533,7 @@ elif [ "$phase" = wave30e ]; then
   hostcal
   for v in c2500:ingest.coalesce_us=2500 c1000:ingest.coalesce_us=1000 age10ms:scheduler.max_age_us=10000 \
            c1000b:ingest.coalesce_us=1000; do
-    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${v%%:*}" shards_inst "shards11_${v%%:*}" 70 1024 92000 11 \
-      lstm_a:11 runner.precision=tf32 runner.max_inflight=4 "${v#*:}"
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 "${v#*:}"
   done
   summarize
   verbatim host_ingest warm shards11_c2500 shards11_c1000 shards11_age10ms shards11_c1000b
@@ -1550,8 +1542,7 @@ elif [ "$phase" = wave30f ]; then
   # steps are ~1.24x cheaper on the GPU, wave 29's ceiling), beside the host's speed
   hostcal
   for v in tf32 bf16 bf16b tf32b; do
-    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_$v" shards_inst "shards11_$v" 70 1024 92000 11 lstm_a:11 \
-      runner.precision=${v%b} runner.max_inflight=4
+    shards11 "shards11_$v" 70 92000 "${v%b}"
   done
   summarize
   verbatim host_ingest warm shards11_tf32 shards11_bf16 shards11_bf16b shards11_tf32b
@@ -1560,8 +1551,7 @@ elif [ "$phase" = wave30g ]; then
   # host, does the deadline alone take the shed under 1 % (a latency limit), or is the host short of capacity?
   hostcal
   for v in c2500:ingest.coalesce_us=2500 age10ms:scheduler.max_age_us=10000; do
-    EXTRA_ARGS=--balance-shards cpu_sampled "shards11_${v%%:*}" shards_inst "shards11_${v%%:*}" 70 1024 92000 11 \
-      lstm_a:11 runner.precision=tf32 runner.max_inflight=4 "${v#*:}"
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 "${v#*:}"
   done
   summarize
   verbatim host_ingest warm shards11_c2500 shards11_age10ms

@@ -63,9 +63,10 @@ SCRIPT = textwrap.dedent('''
     sys.meta_path.insert(0, Recorder())
     for topic, payload in frames:
         pub.send_multipart([topic, payload])
-    got, deadline = 0, time.monotonic() + 10
-    while got < 256 + 8 and time.monotonic() < deadline:
-        got += svc.step.ingest()
+    deadline = time.monotonic() + 10
+    # until every event is in and answered (ingest counts frames; the accounting counts events)
+    while (svc.acct.received < 256 + 8 or svc.sched.queued_slots or svc.step.inflight) and time.monotonic() < deadline:
+        svc.step.ingest()
         svc.step.submit(force=True)
         svc.step.drain_inflight()
         svc.step.flush()
