@@ -270,6 +270,8 @@ class RunnerConfig(_Section):
     """Persistent engine: most programs (thread blocks) its kernel may hold; 0 = the GPU's SMs divided by universe.shard_count, so that the kernels of N shards sharing one GPU (under MPS) are all resident at once. A model whose kernel needs more is refused at start-up, with both counts."""
     max_inflight: Annotated[int, Meta(ge=1, le=16)] = 2
     """GPU engines: steps in flight at once (staging buffers: the loop writes step k+1 while step k runs; the persistent engine's request ring holds at least 2)."""
+    chain_steps: bool = True
+    """GPU engines: within one loop iteration, collect every finished step and submit steps while the engine takes one and slots are still queued, rather than one of each. A stateful model steps one row per instrument per step, so a backlogged instrument then advances by up to max_inflight rows an iteration, not one (its events/s past the loop's iterations/s are otherwise shed LATE: BENCHMARKS.md wave 31)."""
     cpu_worker: bool = False
     """CPU engine: run each step on a worker thread so the loop keeps ingesting meanwhile; while a step runs the loop sleeps on the socket and the step's end rather than spin (a spinning loop holds the GIL the step needs). Pays when a step is long against the per-event work and a core is free for it (`serve` warns when the placement leaves it none). The step reads the feature ring while the loop writes it, so each slot's ring also holds 2 x ingest.max_drain rows for the events ingested meanwhile."""
 

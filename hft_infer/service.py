@@ -321,6 +321,10 @@ class Service:
         engine, sched, stages, step = self.engine, self.sched, self.stages, self.step
         # a step on a worker thread needs the GIL that a spinning loop holds: sleep instead
         sleep_in_flight = engine.done_fd is not None
+        # runner.chain_steps: every finished step collected and steps submitted while the engine
+        # takes them, in one iteration (an asynchronous engine on this thread only: a CPU engine's
+        # submit runs the step, and a worker's loop sleeps while one is in flight)
+        chain = self.cfg.runner.chain_steps and not engine.done_at_submit and not sleep_in_flight
         gap_buf = self.bufs["loop_gap"]
         idle_fold_min = stages.IDLE_FOLD_MIN
         last_yield = last_work = last_iter = perf_ns()
@@ -347,6 +351,8 @@ class Service:
             t_ingest = perf_ns()
             if step.inflight and engine.poll():
                 step.complete()
+                while chain and step.inflight and engine.poll():
+                    step.complete()
                 # decisions out before the next submit, which gathers, stages and replays a graph
                 # (~tens of µs on the H200 host: measured as the publish stage when it came first)
                 step.flush()
@@ -354,6 +360,8 @@ class Service:
             t_complete = perf_ns()
             if engine.can_submit and sched.queued_slots:
                 worked += step.submit()
+                if chain:
+                    worked += step.submit_chained()
             t_submit = perf_ns()
             step.flush()
             self._housekeeping(now)

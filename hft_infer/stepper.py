@@ -149,6 +149,23 @@ class Stepper:
                 self.acct.overlapped += n
         return n
 
+    def submit_chained(self) -> int:
+        """runner.chain_steps: after the iteration's step, more steps while the engine takes one
+        and slots are still queued -- a stateful model's backlogged instruments (a step takes one
+        event of each), or more slots than a batch holds. Returns the events submitted. The
+        iteration's first step stays `last_batch` (coalescing judges the loop by it, and a chained
+        step holds only what the first left)."""
+        sched, engine = self.sched, self.engine
+        first = self.last_batch
+        total = 0
+        while engine.can_submit and sched.queued_slots:
+            n = self.submit()
+            if not n:
+                break
+            total += n
+        self.last_batch = first
+        return total
+
     def submit(self, force: bool = False) -> int:
         sched = self.sched
         n = sched.form_batch(perf_ns(), force=force)

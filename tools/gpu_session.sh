@@ -112,6 +112,8 @@
 #   tools/gpu_session.sh wave30f           # the host's speed; 11 shards at 1.012M in tf32, bf16, bf16, tf32 (~260 s)
 #   tools/gpu_session.sh wave30g           # the host's speed; 11 tf32 shards at 1.012M, gpu.toml and a 10 ms
 #                                          # deadline (~150 s)
+#   tools/gpu_session.sh wave31a           # the host's speed; 11 tf32 shards at 1.012M, runner.chain_steps on and off,
+#                                          # alternated twice (~260 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1555,6 +1557,16 @@ elif [ "$phase" = wave30g ]; then
   done
   summarize
   verbatim host_ingest warm shards11_c2500 shards11_age10ms
+elif [ "$phase" = wave31a ]; then
+  # runner.chain_steps (every finished step collected, steps submitted while the engine takes one, per iteration)
+  # against one of each, alternated on one host: wave 30's shed at 1.012M sat in the shards holding the busiest
+  # instruments (shards 0-1 of 11: 5.8k and 4.4k events/s against 2-3.7k steps/s)
+  hostcal
+  for v in chain:true one:false chainb:true oneb:false; do
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 "runner.chain_steps=${v#*:}"
+  done
+  summarize
+  verbatim host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
