@@ -46,7 +46,7 @@ def reasons_line(by_reason: dict[str, int] | None, who: str = "the service") -> 
 class Accounting:
     __slots__ = ("received", "decided", "shed", "rejected", "by_reason", "seq_gaps", "seq_missing", "seq_resets",
                  "heartbeats", "resets", "batches", "ingest_disconnects", "overlapped", "egress_dropped",
-                 "control_dropped", "coalesced_reads")
+                 "control_dropped", "coalesced_reads", "chained_steps")
 
     def __init__(self) -> None:
         self.received = 0
@@ -65,6 +65,7 @@ class Accounting:
         self.egress_dropped = 0
         self.control_dropped = 0
         self.coalesced_reads = 0
+        self.chained_steps = 0
 
     # ------------------------------------------------------------ outcomes (cold paths)
 
@@ -93,7 +94,7 @@ class Accounting:
             "control_dropped": self.control_dropped, "seq_gaps": self.seq_gaps, "seq_missing": self.seq_missing,
             "seq_resets": self.seq_resets, "heartbeats": self.heartbeats, "resets": self.resets,
             "batches": self.batches, "ingest_disconnects": self.ingest_disconnects, "overlapped": self.overlapped,
-            "coalesced_reads": self.coalesced_reads,
+            "coalesced_reads": self.coalesced_reads, "chained_steps": self.chained_steps,
         }
 
     def reasons(self) -> dict[str, int]:

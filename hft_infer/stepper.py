@@ -163,6 +163,7 @@ class Stepper:
             if not n:
                 break
             total += n
+            self.acct.chained_steps += 1
         self.last_batch = first
         return total
 

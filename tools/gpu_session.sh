@@ -114,6 +114,7 @@
 #                                          # deadline (~150 s)
 #   tools/gpu_session.sh wave31a           # the host's speed; 11 tf32 shards at 1.012M, runner.chain_steps on and off,
 #                                          # alternated twice (~260 s)
+#   tools/gpu_session.sh wave31b           # GPU tests; wave31a again (~450 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1567,6 +1568,16 @@ elif [ "$phase" = wave31a ]; then
   done
   summarize
   verbatim host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
+elif [ "$phase" = wave31b ]; then
+  # landing runner.chain_steps: the GPU tests at this commit, then wave31a's alternation once more on whatever host
+  # comes (wave31a's was a slow one: chained 924,995 / 942,610 against 840,073 / 934,722)
+  gpu_tests 300 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  hostcal
+  for v in chain:true one:false chainb:true oneb:false; do
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 "runner.chain_steps=${v#*:}"
+  done
+  summarize
+  verbatim gpu_tests host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels

@@ -36,6 +36,7 @@ COUNTERS = (
     "ingest_disconnects",  # feed connections lost by the ingest socket (then re-established)
     "overlapped",  # frames ingested while a model step was in flight
     "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us) to read in one go
+    "chained_steps",  # steps submitted after the first of a loop iteration (runner.chain_steps)
     "hot_preemptions",  # the hot thread switched out while runnable (hft_infer/hot_thread_stats.py)
     "hot_runqueue_wait_us",  # ... and how long it waited to run again
     # the loop's iterations past 250 µs and the time each phase took in them (hft_infer/loop_stalls.py)

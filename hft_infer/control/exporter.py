@@ -62,6 +62,8 @@ COUNTER_HELP = {
     "overlapped": "Frames ingested while a model step was in flight",
     "coalesced_reads": "Ingest bursts put off while a full batch was queued, to read the feed in one go "
                        "(ingest.coalesce_us)",
+    "chained_steps": "Model steps submitted after the first of a loop iteration, while the engine took more and "
+                     "slots were still queued (runner.chain_steps)",
     "hot_preemptions": "Times the kernel switched the hot (busy-polling) thread out while it could run: another "
                        "task on its core (placement, isolcpus)",
     "hot_runqueue_wait_us": "Time the hot thread waited on its core's run queue while another task ran",
