@@ -4,8 +4,22 @@ Owned by the Service (service.py), which calls, once per loop iteration:
 
     stepper.ingest()      a burst of the feed, within what in-flight steps allow
     stepper.complete()    when engine.poll() says the oldest in-flight step is done
+                          (with runner.chain_steps, each done step in turn)
     stepper.submit()      when the engine can take a step and the scheduler has one due
+    stepper.submit_chained()  runner.chain_steps: more steps while the engine takes one and
+                          slots are still queued
     stepper.flush()       everything answered this iteration, in one egress flush
+
+Chaining (`runner.chain_steps`, on by default; the GPU engines only: a CPU engine's submit runs
+the step, and a worker's loop sleeps while one is in flight). A stateful model's step takes one
+event of each queued instrument, so an instrument whose events/s pass the loop's iterations/s
+fell behind by the difference, and deadline admission shed it LATE: at 11 lstm_a shards x 92k
+events/s on an H100 host the shed sat in the shards holding the busiest instruments (5.8k and
+4.4k events/s against 2-3.7k steps/s). Chained, the iteration submits steps until the engine is
+full (runner.max_inflight) or nothing is queued, each taking the backlogged instruments' next
+events (a step's device work is ordered after the one before it on the engine's stream, so an
+instrument may be in several steps in flight). On two slow H100 hosts, alternated, chained
+decided 898-943k/s against 802-935k one step an iteration (+1 to +12 %, BENCHMARKS.md wave 31).
 
 Steps complete in submission order (a FIFO of `_Batch`). While a step is in
 flight on an engine that reads the feature ring while in flight
