@@ -115,6 +115,8 @@
 #   tools/gpu_session.sh wave31a           # the host's speed; 11 tf32 shards at 1.012M, runner.chain_steps on and off,
 #                                          # alternated twice (~260 s)
 #   tools/gpu_session.sh wave31b           # GPU tests; wave31a again (~450 s)
+#   tools/gpu_session.sh wave31c           # the host's speed; gpu.toml at 200k, 100k, 10k with chain_steps on and
+#                                          # off (~350 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1578,6 +1580,26 @@ elif [ "$phase" = wave31b ]; then
   done
   summarize
   verbatim gpu_tests host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
+elif [ "$phase" = wave31c ]; then
+  # runner.chain_steps on one service (gpu.toml: lstm_a, 64 instruments, per-event frames), where the busiest
+  # instrument carries 4.3 % of the feed: chained and one step an iteration alternated at 200k (issue 12's
+  # "sustained >= 200k"), once each at 100k and 10k (the latency targets' rates), and 200k with 4 in flight
+  hostcal
+  for v in chain:true one:false chainb:true oneb:false; do
+    bench "gpu_200k_${v%%:*}" 60 -c configs/gpu.toml --rate 200000 --duration 3 --warmup 1 \
+      --set "runner.chain_steps=${v#*:}"
+  done
+  bench gpu_200k_chain_if4 60 -c configs/gpu.toml --rate 200000 --duration 3 --warmup 1 \
+    --set runner.chain_steps=true --set runner.max_inflight=4
+  for r in 100 10; do
+    for v in chain:true one:false; do
+      bench "gpu_${r}k_${v%%:*}" 60 -c configs/gpu.toml --rate "${r}000" --duration 3 --warmup 1 \
+        --set "runner.chain_steps=${v#*:}"
+    done
+  done
+  summarize
+  verbatim host_ingest gpu_200k_chain gpu_200k_one gpu_200k_chainb gpu_200k_oneb gpu_200k_chain_if4 \
+    gpu_100k_chain gpu_100k_one gpu_10k_chain gpu_10k_one
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
