@@ -10,7 +10,7 @@ Owned by the Service (service.py), which calls, once per loop iteration:
                           slots are still queued
     stepper.flush()       everything answered this iteration, in one egress flush
 
-Chaining (`runner.chain_steps`, on by default; the GPU engines only: a CPU engine's submit runs
+Chaining (`runner.chain_steps`, off by default; the GPU engines only: a CPU engine's submit runs
 the step, and a worker's loop sleeps while one is in flight). A stateful model's step takes one
 event of each queued instrument, so an instrument whose events/s pass the loop's iterations/s
 fell behind by the difference, and deadline admission shed it LATE: at 11 lstm_a shards x 92k
@@ -18,8 +18,11 @@ events/s on an H100 host the shed sat in the shards holding the busiest instrume
 4.4k events/s against 2-3.7k steps/s). Chained, the iteration submits steps until the engine is
 full (runner.max_inflight) or nothing is queued, each taking the backlogged instruments' next
 events (a step's device work is ordered after the one before it on the engine's stream, so an
-instrument may be in several steps in flight). On two slow H100 hosts, alternated, chained
-decided 898-943k/s against 802-935k one step an iteration (+1 to +12 %, BENCHMARKS.md wave 31).
+instrument may be in several steps in flight). On two slow H100 hosts, alternated, 11 EventBatch
+shards chained decided 898-943k/s against 802-935k one step an iteration (+1 to +12 %); one gpu.toml
+service over per-event frames decided 57k/s against 97k at 100k offered (more steps, each with its
+host cost, on a loop already short of time) and shed every event LATE in one of two runs at 200k
+(BENCHMARKS.md wave 31): a choice per deployment, off by default.
 
 Steps complete in submission order (a FIFO of `_Batch`). While a step is in
 flight on an engine that reads the feature ring while in flight

@@ -117,6 +117,7 @@
 #   tools/gpu_session.sh wave31b           # GPU tests; wave31a again (~450 s)
 #   tools/gpu_session.sh wave31c           # the host's speed; gpu.toml at 200k, 100k, 10k with chain_steps on and
 #                                          # off (~350 s)
+#   tools/gpu_session.sh wave31d           # GPU tests (~160 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1600,6 +1601,11 @@ elif [ "$phase" = wave31c ]; then
   summarize
   verbatim host_ingest gpu_200k_chain gpu_200k_one gpu_200k_chainb gpu_200k_oneb gpu_200k_chain_if4 \
     gpu_100k_chain gpu_100k_one gpu_10k_chain gpu_10k_one
+elif [ "$phase" = wave31d ]; then
+  # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
+  gpu_tests 300 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  summarize
+  verbatim gpu_tests
 elif [ "$phase" = smoke ]; then
   step gpu_engine_tests 240 $PY -m pytest -x -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
