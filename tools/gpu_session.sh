@@ -300,9 +300,22 @@ shards11() {  # shards11 NAME TIMEOUT RATE PRECISION [SET...]: waves 29-30's run
     runner.precision="$prec" runner.max_inflight=4 "$@"
 }
 
+# the GPU tests a landing commit runs (the real engines in a real service, and the hot path's)
+LANDING_TESTS=(tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py)
+
 gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest quiet with skip reasons
   local t=$1; shift
   step gpu_tests "$t" $PY -m pytest -q -rs -p no:cacheprovider "$@"
+}
+
+chain_alternation11() {  # wave 31: shards11 with runner.chain_steps on, off, on, off (steps shards11_chain, _one,
+  # _chainb, _oneb), then the summary with each one's table after any steps named in "$@"
+  local v
+  for v in chain:true one:false chainb:true oneb:false; do
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 "runner.chain_steps=${v#*:}"
+  done
+  summarize
+  verbatim "$@" shards11_chain shards11_one shards11_chainb shards11_oneb
 }
 
 hotpath_pair() {  # hotpath_pair NAME TIMEOUT ARGS...: tools/bench_hotpath.py ARGS on three cores (wave10c's
@@ -987,7 +1000,7 @@ elif [ "$phase" = wave14c ]; then
   # landing check: the GPU engine tests, the device half of the in-flight ingest check, the products' and
   # self-check's unit tests; then the default config's goodput sweep to 1M events/s (issue 12: >= 500k offered
   # without collapse, decided >= 90 % of capacity) and lstm_a's goodput curve from 10k to 1M, over EventBatch frames
-  gpu_tests 240 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/unit/test_products.py \
+  gpu_tests 240 "${LANDING_TESTS[@]}" tests/unit/test_products.py \
        tests/unit/test_self_check.py
   step overload_default 300 $PY tools/bench_overload.py --rates 100000,200000,500000,1000000 --duration 2 \
        --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/overload_default.json"
@@ -999,7 +1012,7 @@ elif [ "$phase" = wave14c ]; then
 elif [ "$phase" = wave14d ]; then
   # issue 18 with EventBatch feeds (one batch per shard under its own topic, codec.shard_batch_topic): the GPU
   # engine tests and the shard-topic tests, then lstm_a shards at 60k/s each over EventBatch frames under MPS
-  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+  gpu_tests 200 "${LANDING_TESTS[@]}" \
        tests/unit/test_shard_batch_topic.py tests/unit/test_products.py
   step shards_batched_mps 200 env BUDGET_S=195 FLOOR=0 RATE_PER_SHARD=60000 FEED_BATCH=256 DURATION=2 \
        SHARDS="1 2 4 8" MODELS=lstm_a ORDER="lstm_a:1 lstm_a:4 lstm_a:8 lstm_a:2" \
@@ -1009,7 +1022,7 @@ elif [ "$phase" = wave14d ]; then
 elif [ "$phase" = wave14e ]; then
   # landing check after wave14d: the GPU engine and hot-path tests (the Reset test with a deadline past the
   # host's stalls), the shard-topic, products and self-check tests
-  gpu_tests 240 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+  gpu_tests 240 "${LANDING_TESTS[@]}" \
        tests/unit/test_shard_batch_topic.py tests/unit/test_products.py tests/unit/test_self_check.py
   summarize
   verbatim gpu_tests
@@ -1178,7 +1191,7 @@ elif [ "$phase" = wave21 ]; then
 elif [ "$phase" = wave22 ]; then
   # the eighteenth session's landing check: the GPU engine and hot-path tests, placement, the hot thread's counters; issue 18's
   # 1M offered again (12 x 84k/s, 10 x 100k/s over 1,024 instruments): another sample of this host's spread
-  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py \
+  gpu_tests 200 "${LANDING_TESTS[@]}" \
        tests/unit/test_hot_thread_stats.py tests/unit/test_affinity.py
   shards_inst shards_i1024_r84000 60 1024 84000 12 lstm_a:12
   shards_inst shards_i1024_r100000 60 1024 100000 10 lstm_a:10
@@ -1195,7 +1208,7 @@ elif [ "$phase" = wave24 ]; then
   # deadline admission's learned margin (87f86b8): wave23's saturated lstm_a shard (1,024 instruments, 100k/s)
   # decided 55k and stepped 55k rows stale; 1 and 12 shards, this tree and BASE_TGZ's (the commit before)
   # alternated; each shard's service.json has rejected_by_reason (STALE, LATE, QUEUE_FULL) and the margin
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   setup_base
   shards_alternated shards1 2 50 1024 100000 1 lstm_a:1
   shards_alternated shards12 1 90 1024 84000 12 lstm_a:12
@@ -1214,7 +1227,7 @@ elif [ "$phase" = wave24s ]; then
   # wave24 for a short call, most telling first: the GPU tests at the landing commit, 12 shards by
   # position against 12 balanced by the feed's counts (same tree, back to back), the cold burst, then
   # one saturated shard this tree against BASE_TGZ's; a step that would end past BUDGET_S is skipped
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   shards_inst shards12_pos 90 1024 84000 12 lstm_a:12
   EXTRA_ARGS=--balance-shards shards_inst shards12_bal 90 1024 84000 12 lstm_a:12
   step cold_burst 70 taskset -c 2 $PY tools/bench_cold_burst.py --reps 20 --json "$WORK/cold_burst.json"
@@ -1236,7 +1249,7 @@ elif [ "$phase" = wave25 ]; then
   # the column path's push as numpy scatters (Scheduler.push_columns, cc15a15) against BASE_TGZ (the commit
   # before): the GPU tests at the landing commit, the burst's parts on this host's core, one saturated lstm_a
   # shard this tree and the base alternated; then 12 shards at 84k/s each (a step past BUDGET_S is skipped)
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   setup_base
   step cold_burst_new 75 taskset -c 2 $PY tools/bench_cold_burst.py --reps 15 --phases --json "$WORK/cold_burst_new.json"
   step cold_burst_base 75 env PYTHONPATH="tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
@@ -1269,7 +1282,7 @@ elif [ "$phase" = wave25c ]; then
   # 12 balanced shards at max_batch 128 with it and with 0 (wave25b's held no read: a shard's full batch was
   # all its ~85 slots); gpu.toml at 10k/s with it and with 0 (below capacity nothing should wait); 12 balanced
   # shards at gpu.toml's max_batch 64
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   B128=(scheduler.max_batch=128 "runner.buckets=[1,2,4,8,16,32,64,128]")
   EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128_c2500 90 1024 84000 12 lstm_a:12 "${B128[@]}"
   EXTRA_ARGS=--balance-shards shards_inst shards12_bal_b128_c0 90 1024 84000 12 lstm_a:12 "${B128[@]}" \
@@ -1283,7 +1296,7 @@ elif [ "$phase" = wave25d ]; then
   # coalescing past capacity at half the last step (no read found the socket empty for coalesce_us): the GPU
   # tests at the landing commit; 12 balanced shards (gpu.toml's max_batch 64) with gpu.toml's 2500 and with 0,
   # alternated; one saturated shard with 2500
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   for c in 2500 0; do
     EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c$c" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
   done
@@ -1294,7 +1307,7 @@ elif [ "$phase" = wave26 ]; then
   # coalescing past capacity on the H200 host (wave 24 ran on an H100 host): the GPU tests at the landing commit;
   # 12 balanced shards (gpu.toml's max_batch 64) with gpu.toml's 2500 and with 0, alternated; one saturated shard
   # with both; the second 12-shard pair last (a step past BUDGET_S is skipped)
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   for c in 2500 0; do
     EXTRA_ARGS=--balance-shards shards_inst "shards12_bal_c${c}_1" 80 1024 84000 12 lstm_a:12 "ingest.coalesce_us=$c"
   done
@@ -1326,7 +1339,7 @@ elif [ "$phase" = wave26c ]; then
   # coalescing's past-capacity hold only after a step of half a full batch (wave26b: gpu.toml at 10k/s held
   # 121 reads and its service stage doubled): GPU tests at the landing commit; gpu.toml at 10k and 50k/s with
   # 2500 and 0, alternated twice; one saturated shard and 12 balanced shards with 2500 (the hold must stay)
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   for r in 1 2; do
     for rate in 10000 50000; do
       bench "gpu_${rate}_c2500_$r" 45 -c configs/gpu.toml --rate $rate --duration 2 --with-floor
@@ -1342,7 +1355,7 @@ elif [ "$phase" = wave26d ]; then
   # 12 shards with the feed over iceoryx2 (no libzmq I/O thread for it: over ZeroMQ every shard's and the
   # pacer's share the one helper core): GPU tests at the landing commit; 12 balanced shards over iceoryx2 and over ZeroMQ with 2500; gpu.toml
   # at 50k/s with 2500 and 0; one saturated shard; 12 over iceoryx2 with 0 last (a step past BUDGET_S is skipped)
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   EXTRA_ARGS="--balance-shards --transport iceoryx2" shards_inst shards12_shm_c2500 80 1024 84000 12 lstm_a:12
   EXTRA_ARGS=--balance-shards shards_inst shards12_bal_c2500 80 1024 84000 12 lstm_a:12
   bench gpu_50000_c2500 45 -c configs/gpu.toml --rate 50000 --duration 2 --with-floor
@@ -1357,7 +1370,7 @@ elif [ "$phase" = wave28m ]; then
   # (every shard shed every event LATE from its second second; 890,187 with one ahead): the branch or the host?
   # This tree (main) and the branch alternated twice, then the branch a step ahead and this tree, both at
   # max_inflight 3 (what a step ahead needs on a GPU engine), each core's load sampled (cpu_sampled)
-  gpu_tests 150 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 150 "${LANDING_TESTS[@]}"
   setup_base
   for r in 1 2; do
     EXTRA_ARGS=--balance-shards cpu_sampled shards12_main_$r shards_inst shards12_main_$r 60 1024 84000 12 lstm_a:12
@@ -1394,7 +1407,7 @@ elif [ "$phase" = wave28q ]; then
   EXTRA_ARGS=--balance-shards cpu_sampled shards11_main_if3 shards_inst shards11_main_if3 60 1024 91637 11 \
     lstm_a:11 runner.max_inflight=3
   EXTRA_ARGS=--balance-shards cpu_sampled shards12_h2_2 shards_inst shards12_h2_2 60 1024 84000 12 lstm_a:12
-  gpu_tests 160 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 160 "${LANDING_TESTS[@]}"
   summarize
   verbatim shards12_h2_1 shards11_ahead1_if3 shards11_main_if3 shards12_h2_2 gpu_tests
 elif [ "$phase" = wave28r ]; then
@@ -1402,7 +1415,7 @@ elif [ "$phase" = wave28r ]; then
   # about the fp32 FMA rate of the lstm_a cut (67 us at batch 64 on the H200). Reduced precision's tensor-core products
   # (tf32; self-checked at start-up) against fp32 in the same call: first the GPU tests (this commit's), then the GPU
   # alone (11 processes stepping the engine back to back, tools/bench_gpu_ceiling.py), then the shards at 1.012M
-  gpu_tests 160 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 160 "${LANDING_TESTS[@]}"
   cpu_sampled gpu_ceiling step gpu_ceiling 140 bash tools/with_mps.sh $PY tools/bench_gpu_ceiling.py --procs 11 \
     --batches 42,64 --precisions fp32,tf32 --seconds 2 --cores 5-15 --json "$WORK/gpu_ceiling.json"
   # 92k a shard: 1.012M offered, so that >= 1M decided means shed <= 1.2 % (issue 18 asks both)
@@ -1433,7 +1446,7 @@ elif [ "$phase" = wave29a ]; then
   for prec in tf32 bf16; do
     shards11 "shards11_${prec}_if4_fine" 60 92000 "$prec" "$fine"
   done
-  gpu_tests 200 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py tests/kernels/test_kernel_step.py \
+  gpu_tests 200 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_step.py \
     tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
   cpu_sampled ceiling_new step ceiling_new 90 bash tools/with_mps.sh $PY tools/bench_gpu_ceiling.py --procs 11 \
     --batches 42 --precisions bf16,fp32 --seconds 2 --cores 5-15 --json "$WORK/ceiling_new.json"
@@ -1458,7 +1471,7 @@ elif [ "$phase" = wave29b ]; then
   PY="$base/py" shards11 shards11_base 70 92000 tf32
   shards11 shards11_new 70 92000 tf32
   shards11 shards11_new_fine 70 92000 tf32 "$fine"
-  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 170 "${LANDING_TESTS[@]}"
   step kernel_tests 150 $PY -m pytest -q -rs -p no:cacheprovider --durations=8 tests/kernels/test_kernel_step.py \
     tests/kernels/test_kernel_graph_capture.py tests/kernels/test_kernel_persistent.py
   summarize
@@ -1472,7 +1485,7 @@ elif [ "$phase" = wave29c ]; then
     FEED_S=8 shards11 "shards11_${prec}_8s" 80 92000 "$prec"
   done
   FEED_S=8 shards11 shards11_tf32_8s_1100k 80 100000 tf32
-  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 170 "${LANDING_TESTS[@]}"
   summarize
   verbatim shards11_tf32_8s shards11_bf16_8s shards11_fp32_8s shards11_tf32_8s_1100k gpu_tests
 elif [ "$phase" = wave29d ]; then
@@ -1501,7 +1514,7 @@ elif [ "$phase" = wave30a ]; then
       PY="$py" FEED_S=6 shards11 "shards11_${who}_c$c" 100 92000 tf32 ingest.coalesce_us=$c
     done
   done
-  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 170 "${LANDING_TESTS[@]}"
   summarize
   verbatim shards11_base_c2500 shards11_new_c2500 shards11_base_c0 shards11_new_c0 gpu_tests
 elif [ "$phase" = wave30b ]; then
@@ -1509,7 +1522,7 @@ elif [ "$phase" = wave30b ]; then
   # in the same one, and the fast host's graph step was the quickest on the host side, so the host's own speed is
   # recorded beside the run: lscpu, one core's ingest of 9-event EventBatch frames (the shards' frames at 1M), the
   # graph step (bench_engines --quick). The GPU tests come first: a change lands from this call.
-  gpu_tests 170 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 170 "${LANDING_TESTS[@]}"
   hostcal
   shards11 shards11_tf32 70 92000 tf32
   summarize
@@ -1566,21 +1579,13 @@ elif [ "$phase" = wave31a ]; then
   # against one of each, alternated on one host: wave 30's shed at 1.012M sat in the shards holding the busiest
   # instruments (shards 0-1 of 11: 5.8k and 4.4k events/s against 2-3.7k steps/s)
   hostcal
-  for v in chain:true one:false chainb:true oneb:false; do
-    shards11 "shards11_${v%%:*}" 70 92000 tf32 "runner.chain_steps=${v#*:}"
-  done
-  summarize
-  verbatim host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
+  chain_alternation11 host_ingest warm
 elif [ "$phase" = wave31b ]; then
   # landing runner.chain_steps: the GPU tests at this commit, then wave31a's alternation once more on whatever host
   # comes (wave31a's was a slow one: chained 924,995 / 942,610 against 840,073 / 934,722)
-  gpu_tests 300 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 300 "${LANDING_TESTS[@]}"
   hostcal
-  for v in chain:true one:false chainb:true oneb:false; do
-    shards11 "shards11_${v%%:*}" 70 92000 tf32 "runner.chain_steps=${v#*:}"
-  done
-  summarize
-  verbatim gpu_tests host_ingest warm shards11_chain shards11_one shards11_chainb shards11_oneb
+  chain_alternation11 gpu_tests host_ingest warm
 elif [ "$phase" = wave31c ]; then
   # runner.chain_steps on one service (gpu.toml: lstm_a, 64 instruments, per-event frames), where the busiest
   # instrument carries 4.3 % of the feed: chained and one step an iteration alternated at 200k (issue 12's
@@ -1603,7 +1608,7 @@ elif [ "$phase" = wave31c ]; then
     gpu_100k_chain gpu_100k_one gpu_10k_chain gpu_10k_one
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
-  gpu_tests 300 tests/integration/test_gpu_engines.py tests/integration/test_hotpath.py
+  gpu_tests 300 "${LANDING_TESTS[@]}"
   summarize
   verbatim gpu_tests
 elif [ "$phase" = smoke ]; then
