@@ -7,6 +7,7 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
     python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
     python tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,64,96 --frame-sizes 32,48,64,96,128
     python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,2,4,6,8   # a GPU shard's bursts
+    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 19 --run-parts  # where a burst goes
 
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
 and scheduler.py (for a machine without the repository's .git).
@@ -259,11 +260,12 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
 class _PartTimer:
     """Times calls of chosen methods of the service's own objects, by wrapping each on its
     instance (the wrapper's own cost, ~0.1-0.3 µs a call, lands in the part it wraps): what the
-    parts of one phase of `low_rate_cycle` cost, each phase's remainder being its glue."""
+    parts of one phase of `low_rate_cycle` cost, each phase's remainder being its glue. A module's
+    function may be wrapped too (its callers look it up in the module's globals at each call)."""
 
     def __init__(self) -> None:
         self.spent: dict[str, int] = {}
-        self._undo: list[tuple[object, str]] = []
+        self._undo: list[tuple[object, str, object]] = []
 
     def wrap(self, obj, attr: str, part: str) -> None:
         fn = getattr(obj, attr)
@@ -277,8 +279,9 @@ class _PartTimer:
             finally:
                 spent[part] += pc() - t
 
+        # an instance's method lives on its class (deleted to restore); a module's function is its own
+        self._undo.append((obj, attr, fn if attr in vars(obj) else None))
         setattr(obj, attr, timed)
-        self._undo.append((obj, attr))
 
     def take(self) -> dict[str, int]:
         got = dict(self.spent)
@@ -287,8 +290,11 @@ class _PartTimer:
         return got
 
     def restore(self) -> None:
-        for obj, attr in reversed(self._undo):
-            delattr(obj, attr)  # the class's method shows through again
+        for obj, attr, own in reversed(self._undo):
+            if own is None:
+                delattr(obj, attr)  # the class's method shows through again
+            else:
+                setattr(obj, attr, own)
         self._undo.clear()
 
 
@@ -508,11 +514,14 @@ def main() -> None:
     ap.add_argument("--frame-sizes", default="10,32,64,256", metavar="N,N,...",
                     help="--run-sizes: EventBatch frame sizes (events)")
     ap.add_argument("--burst-frames", default="1,64", metavar="N,N,...",
-                    help="--run-sizes: frames read per burst (ingest.max_drain), each a row (default 1,64; a GPU "
-                         "shard at ~92k events/s reads 1-6 frames of ~9 events a burst, BENCHMARKS.md wave 30)")
+                    help="--run-sizes: frames read per burst (ingest.max_drain), each a row (default 1,64; a saturated "
+                         "GPU shard at ~92k events/s reads ~10-19 frames of ~9 events a burst, BENCHMARKS.md wave 31)")
     ap.add_argument("--columns-min", default="", metavar="N,N,...",
                     help="--run-sizes: each of these as ingest_batch.COLUMNS_MIN (the run size from which the "
                          "column path is taken), interleaved; default: the code's own")
+    ap.add_argument("--run-parts", action="store_true",
+                    help="--run-sizes: also the parts of a burst in µs, each row's (a second pass, the service's "
+                         "methods wrapped: run_parts)")
     ap.add_argument("--conflating", action="store_true",
                     help="--run-sizes: the default (conflating) model instead of a sequential one")
     ap.add_argument("--json", metavar="PATH")
@@ -587,11 +596,76 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
     return rows
 
 
+# the parts of an EventBatch burst that --run-parts times: (object path, or a module, attribute, part)
+_RUN_PARTS = (
+    ("ingest", "_finish", "finish"),
+    ("ingest", "_handle_mixed", "handle"),
+    (ingest_batch, "shape_ok", "frame shape checks (codec.event_batch_shape_ok)"),
+    ("ingest", "_batch_columns", "column path"),
+    (ingest_batch, "merged_event_columns", "columns joined (codec.merged_event_columns)"),
+    ("ingest", "_queue_run_in_order", "queued in order"),
+    ("ingest", "_queue_newest", "newest queued"),
+    ("ingest", "_write_rows", "rows written (_write_rows)"),
+    ("sched", "run_waits_ns", "deadline waits (Scheduler.run_waits_ns)"),
+    ("sched", "push_columns", "pushes (Scheduler.push_columns)"),
+)
+
+
+def run_parts(rig: Rig, frames, reps: int) -> dict[str, float]:
+    """µs per burst of each part of an EventBatch burst (_RUN_PARTS, by wrapping the service's own
+    methods: a second pass, after the unwrapped one), the parts that hold others given as their
+    own remainder: read (recv loop, framing) = the burst less `_finish`; decode = `_finish` less the
+    handling; handling (its loops over frames) less the shape checks and the column path; the
+    column path's checks less the joined columns and the queueing; in-order queueing less its
+    rows, waits and pushes (its numpy calls and its loop over the run's slots)."""
+    timer = _PartTimer()
+    svc = rig.svc
+    for path, attr, part in _RUN_PARTS:
+        timer.wrap(path if not isinstance(path, str) else _resolve(svc, path), attr, part)
+    spent: dict[str, list[float]] = {}
+    try:
+        for _ in range(reps):
+            rig.reset()
+            rig.fill(frames)
+            timer.take()
+            n = bursts = 0
+            t0 = time.perf_counter_ns()
+            while n < len(frames):
+                n += svc.step.ingest()
+                bursts += 1
+            total = time.perf_counter_ns() - t0
+            p = {k: v / bursts / 1e3 for k, v in timer.take().items()}
+            queued = p["queued in order"] + p["newest queued"]
+            own = {
+                "burst (all)": total / bursts / 1e3,
+                "read: recv loop, framing": total / bursts / 1e3 - p["finish"],
+                "decode": p["finish"] - p["handle"],
+                "handling's loops over frames": p["handle"] - p["frame shape checks (codec.event_batch_shape_ok)"]
+                - p["column path"],
+                "frame shape checks (codec.event_batch_shape_ok)": p["frame shape checks (codec.event_batch_shape_ok)"],
+                "columns joined (codec.merged_event_columns)": p["columns joined (codec.merged_event_columns)"],
+                "column checks (_batch_columns less the above and below)": p["column path"]
+                - p["columns joined (codec.merged_event_columns)"] - queued,
+                "queueing less rows, waits, pushes": queued - p["rows written (_write_rows)"]
+                - p["deadline waits (Scheduler.run_waits_ns)"] - p["pushes (Scheduler.push_columns)"],
+            }
+            for k in ("rows written (_write_rows)", "deadline waits (Scheduler.run_waits_ns)",
+                      "pushes (Scheduler.push_columns)"):
+                own[k] = p[k]
+            for k, v in own.items():
+                spent.setdefault(k, []).append(v)
+            rig.reset()
+    finally:
+        timer.restore()
+    return {k: statistics.median(v) for k, v in spent.items()}
+
+
 def run_size_rows(a) -> list[tuple[str, float, str]]:
     """--run-sizes N: ingest of a sequential model (conflation off; --conflating: the default
     model's conflation) over N instruments, EventBatch frames of --frame-sizes events, read
-    --burst-frames frames per burst (ingest.max_drain; by default one, as a loop at saturation reads
-    each frame as it arrives, and 64). A run's fixed cost shows as the gap between the two. Runs under
+    --burst-frames frames per burst (ingest.max_drain; by default one and 64; a saturated GPU shard
+    reads ~10-19). A run's fixed cost shows as the gap between the two; --run-parts says where a
+    burst's time goes (run_parts). Runs under
     ingest_batch.COLUMNS_MIN events take the per-event path; --columns-min A,B,... measures each
     threshold (set in this process, repetitions interleaved): where the column path starts to pay."""
     rows: list[tuple[str, float, str]] = []
@@ -604,11 +678,14 @@ def run_size_rows(a) -> list[tuple[str, float, str]]:
             rig = Rig([*model, "scheduler.capacity=262144", f"ingest.max_drain={drain}"], n_inst=a.run_sizes)
             frames = event_batches(a.n, size, n_inst=a.run_sizes)
             got: dict[int, list[float]] = {t: [] for t in thresholds}
+            parts: dict[str, float] = {}
             try:
                 for _ in range(a.reps):
                     for t in thresholds:
                         ingest_batch.COLUMNS_MIN = t
                         got[t] += ingest_ns_per_event([rig], frames, 1, events=a.n)
+                if a.run_parts:
+                    parts = run_parts(rig, frames, a.reps)
             finally:
                 ingest_batch.COLUMNS_MIN = default
                 rig.close()
@@ -617,6 +694,7 @@ def run_size_rows(a) -> list[tuple[str, float, str]]:
                 rows.append((f"ingest, {a.run_sizes} instruments, EventBatch frames of {size}, bursts of {drain} "
                              f"frame{'s' if drain > 1 else ''}, {kind}{where}", statistics.median(got[t]),
                              "ns/event"))
+            rows += [(f"  ... {part}", v, "µs/burst") for part, v in parts.items()]
     return rows
 
 
