@@ -600,29 +600,43 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
 _RUN_PARTS = (
     ("ingest", "_finish", "finish"),
     ("ingest", "_handle_mixed", "handle"),
-    (ingest_batch, "shape_ok", "frame shape checks (codec.event_batch_shape_ok)"),
-    ("ingest", "_batch_columns", "column path"),
-    (ingest_batch, "merged_event_columns", "columns joined (codec.merged_event_columns)"),
-    ("ingest", "_queue_run_in_order", "queued in order"),
-    ("ingest", "_queue_newest", "newest queued"),
-    ("ingest", "_write_rows", "rows written (_write_rows)"),
-    ("sched", "run_waits_ns", "deadline waits (Scheduler.run_waits_ns)"),
-    ("sched", "push_columns", "pushes (Scheduler.push_columns)"),
+    (ingest_batch, "shape_ok", "shapes"),
+    ("ingest", "_batch_columns", "columns"),
+    (ingest_batch, "merged_event_columns", "joined"),
+    ("ingest", "_queue_run_in_order", "in_order"),
+    ("ingest", "_queue_newest", "newest"),
+    ("ingest", "_write_rows", "rows"),
+    ("sched", "run_waits_ns", "waits"),
+    ("sched", "push_columns", "pushes"),
+)
+# each row of run_parts: (label, its µs from the burst's total and the wrapped parts' times, per burst)
+_RUN_ROWS = (
+    ("burst (all)", lambda t, p: t),
+    ("read: recv loop, framing", lambda t, p: t - p["finish"]),
+    ("decode", lambda t, p: p["finish"] - p["handle"]),
+    ("handling's loops over frames", lambda t, p: p["handle"] - p["shapes"] - p["columns"]),
+    ("frame shape checks (codec.event_batch_shape_ok)", lambda t, p: p["shapes"]),
+    ("columns joined (codec.merged_event_columns)", lambda t, p: p["joined"]),
+    ("column checks (_batch_columns less the above and below)",
+     lambda t, p: p["columns"] - p["joined"] - p["in_order"] - p["newest"]),
+    ("queueing less rows, waits, pushes",
+     lambda t, p: p["in_order"] + p["newest"] - p["rows"] - p["waits"] - p["pushes"]),
+    ("rows written (_write_rows)", lambda t, p: p["rows"]),
+    ("deadline waits (Scheduler.run_waits_ns)", lambda t, p: p["waits"]),
+    ("pushes (Scheduler.push_columns)", lambda t, p: p["pushes"]),
 )
 
 
 def run_parts(rig: Rig, frames, reps: int) -> dict[str, float]:
-    """µs per burst of each part of an EventBatch burst (_RUN_PARTS, by wrapping the service's own
-    methods: a second pass, after the unwrapped one), the parts that hold others given as their
-    own remainder: read (recv loop, framing) = the burst less `_finish`; decode = `_finish` less the
-    handling; handling (its loops over frames) less the shape checks and the column path; the
-    column path's checks less the joined columns and the queueing; in-order queueing less its
-    rows, waits and pushes (its numpy calls and its loop over the run's slots)."""
+    """µs per burst of each part of an EventBatch burst (_RUN_ROWS), by wrapping the service's own
+    methods (_RUN_PARTS: a second pass, after the unwrapped one); a part that holds others is given
+    as its own remainder (read = the burst less `_finish`, decode = `_finish` less the handling, ...),
+    so the rows after the first add up to it."""
     timer = _PartTimer()
     svc = rig.svc
     for path, attr, part in _RUN_PARTS:
         timer.wrap(path if not isinstance(path, str) else _resolve(svc, path), attr, part)
-    spent: dict[str, list[float]] = {}
+    spent: dict[str, list[float]] = {label: [] for label, _ in _RUN_ROWS}
     try:
         for _ in range(reps):
             rig.reset()
@@ -633,27 +647,10 @@ def run_parts(rig: Rig, frames, reps: int) -> dict[str, float]:
             while n < len(frames):
                 n += svc.step.ingest()
                 bursts += 1
-            total = time.perf_counter_ns() - t0
+            total = (time.perf_counter_ns() - t0) / bursts / 1e3
             p = {k: v / bursts / 1e3 for k, v in timer.take().items()}
-            queued = p["queued in order"] + p["newest queued"]
-            own = {
-                "burst (all)": total / bursts / 1e3,
-                "read: recv loop, framing": total / bursts / 1e3 - p["finish"],
-                "decode": p["finish"] - p["handle"],
-                "handling's loops over frames": p["handle"] - p["frame shape checks (codec.event_batch_shape_ok)"]
-                - p["column path"],
-                "frame shape checks (codec.event_batch_shape_ok)": p["frame shape checks (codec.event_batch_shape_ok)"],
-                "columns joined (codec.merged_event_columns)": p["columns joined (codec.merged_event_columns)"],
-                "column checks (_batch_columns less the above and below)": p["column path"]
-                - p["columns joined (codec.merged_event_columns)"] - queued,
-                "queueing less rows, waits, pushes": queued - p["rows written (_write_rows)"]
-                - p["deadline waits (Scheduler.run_waits_ns)"] - p["pushes (Scheduler.push_columns)"],
-            }
-            for k in ("rows written (_write_rows)", "deadline waits (Scheduler.run_waits_ns)",
-                      "pushes (Scheduler.push_columns)"):
-                own[k] = p[k]
-            for k, v in own.items():
-                spent.setdefault(k, []).append(v)
+            for label, part in _RUN_ROWS:
+                spent[label].append(part(total, p))
             rig.reset()
     finally:
         timer.restore()
