@@ -6,7 +6,7 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
     python tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,64,96 --frame-sizes 32,48,64,96,128
-    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,2,4,6,8   # a GPU shard's bursts
+    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,6,19   # a GPU shard's bursts
     python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 19 --run-parts  # where a burst goes
 
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
@@ -213,6 +213,16 @@ class Rig:
         shutil.rmtree(self.runtime, ignore_errors=True)
 
 
+def ingest_all(rig: Rig, frames: int) -> int:
+    """Stepper.ingest until the rig's `frames` pre-filled frames are read; returns the bursts."""
+    ingest = rig.svc.step.ingest
+    n = bursts = 0
+    while n < frames:
+        n += ingest()
+        bursts += 1
+    return bursts
+
+
 def ingest_ns_per_event(rigs: list[Rig], frames, reps: int, events: int | None = None) -> list[float]:
     """Median ns/event of each rig; the rigs' repetitions interleaved. Thread CPU time
     (time.thread_time_ns), not wall time: on a shared machine the wall clock also counts the
@@ -222,11 +232,8 @@ def ingest_ns_per_event(rigs: list[Rig], frames, reps: int, events: int | None =
         for k, rig in enumerate(rigs):
             rig.reset()
             rig.fill(frames)
-            svc = rig.svc
-            n = 0
             t0 = time.thread_time_ns()
-            while n < len(frames):
-                n += svc.step.ingest()
+            ingest_all(rig, len(frames))
             out[k].append((time.thread_time_ns() - t0) / (events or len(frames)))
             rig.reset()
     return [statistics.median(o) for o in out]
@@ -642,11 +649,8 @@ def run_parts(rig: Rig, frames, reps: int) -> dict[str, float]:
             rig.reset()
             rig.fill(frames)
             timer.take()
-            n = bursts = 0
             t0 = time.perf_counter_ns()
-            while n < len(frames):
-                n += svc.step.ingest()
-                bursts += 1
+            bursts = ingest_all(rig, len(frames))
             total = (time.perf_counter_ns() - t0) / bursts / 1e3
             p = {k: v / bursts / 1e3 for k, v in timer.take().items()}
             for label, part in _RUN_ROWS:
