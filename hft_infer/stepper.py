@@ -169,22 +169,20 @@ class Stepper:
     def submit_chained(self) -> int:
         """runner.chain_steps: after the iteration's step, more steps while the engine takes one
         and slots are still queued -- a stateful model's backlogged instruments (a step takes one
-        event of each), or more slots than a batch holds. Returns the events submitted. The
-        iteration's first step stays `last_batch` (coalescing judges the loop by it, and a chained
-        step holds only what the first left)."""
+        event of each), or more slots than a batch holds. Returns the events submitted."""
         sched, engine = self.sched, self.engine
-        first = self.last_batch
         total = 0
         while engine.can_submit and sched.queued_slots:
-            n = self.submit()
+            n = self.submit(chained=True)
             if not n:
                 break
             total += n
-            self.acct.chained_steps += 1
-        self.last_batch = first
         return total
 
-    def submit(self, force: bool = False) -> int:
+    def submit(self, force: bool = False, chained: bool = False) -> int:
+        """Form a batch and submit it; returns its events (0: none due). A `chained` step (counted
+        as one) leaves `last_batch` to the iteration's first: coalescing judges the loop by that
+        one, and a chained step holds only what it left."""
         sched = self.sched
         n = sched.form_batch(perf_ns(), force=force)
         if sched.n_shed:
@@ -203,7 +201,10 @@ class Stepper:
         self.engine.submit(n)
         self.inflight.append(_Batch(rids, t, self.acct.received))
         self.acct.batches += 1
-        self.last_batch = n
+        if chained:
+            self.acct.chained_steps += 1
+        else:
+            self.last_batch = n
         if self.engine.done_at_submit:  # a CPU engine is done already: answer now
             while self.inflight and self.engine.poll():
                 self.complete()
