@@ -118,6 +118,8 @@
 #   tools/gpu_session.sh wave31c           # the host's speed; gpu.toml at 200k, 100k, 10k with chain_steps on and
 #                                          # off (~350 s)
 #   tools/gpu_session.sh wave31d           # GPU tests (~160 s)
+#   tools/gpu_session.sh wave32a           # the host's speed; 11 tf32 shards at 1.012M, chained and one step an
+#                                          # iteration, py-spy on shards 0, 1, 5 (~330 s; py-spy from .whl/)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -364,6 +366,34 @@ shard_tables() {  # shard_tables NAME: step NAME's runs, per-shard totals and ti
   $PY tools/shard_accounting.py --timeline --header "$(head -1 "$WORK/provenance.txt")" "${runs[@]}" \
     > "$WORK/${name}_timeline.log" 2>&1
 }
+
+pyspy_watch() {  # pyspy_watch NAME SHARD...: in the background, for each SHARD, wait for its serve process (up to
+  # 180 s) and record it with py-spy until it exits (1 kHz, --nonblocking: the process is never paused; speedscope
+  # into $WORK/NAME_pyspy_shardS.json), py-spy on PYSPY_CORES (default 2,4: idle in waves 30-31's shard runs);
+  # pyspy_report NAME waits for them and summarises (tools/pyspy_summary.py). py-spy comes with the device's
+  # wheels (.whl/, not a project dependency); without it, no profiles and a line saying so
+  command -v py-spy >/dev/null 2>&1 || { log "pyspy_watch: py-spy not on PATH: no profiles"; return 0; }
+  local name=$1 s
+  shift
+  for s in "$@"; do
+    ( pid=""
+      for _ in $(seq 900); do pid=$(pgrep -n -f -- "--shard $s/") && break; sleep 0.2; done
+      [ -n "$pid" ] || { echo "no serve --shard $s/ process within 180 s"; exit 0; }
+      exec taskset -c "${PYSPY_CORES:-2,4}" py-spy record --nonblocking -r 1000 -f speedscope \
+        -o "$WORK/${name}_pyspy_shard$s.json" -p "$pid" ) > "$WORK/${name}_pyspy_shard$s.log" 2>&1 &
+    PYSPY_PIDS+=($!)
+  done
+}
+
+pyspy_report() {  # pyspy_report NAME: wait (up to 60 s) for pyspy_watch's recorders, then the step NAME_pyspy,
+  # the hot thread's feed window of each profile (tools/pyspy_summary.py)
+  local pid files
+  for pid in "${PYSPY_PIDS[@]}"; do timeout 60 tail --pid="$pid" -f /dev/null; done
+  PYSPY_PIDS=()
+  files=("$WORK/$1"_pyspy_shard*.json)
+  [ -e "${files[0]}" ] && step "$1_pyspy" 120 $PY tools/pyspy_summary.py --top 40 "${files[@]}"
+}
+PYSPY_PIDS=()
 
 cpu_sampled() {  # cpu_sampled NAME CMD...: CMD with every core's busy share sampled each 0.5 s into
   # $WORK/NAME_cpu.log (from /proc/stat: which cores a run saturates, e.g. the helpers' core 0)
@@ -1606,6 +1636,17 @@ elif [ "$phase" = wave31c ]; then
   summarize
   verbatim host_ingest gpu_200k_chain gpu_200k_one gpu_200k_chainb gpu_200k_oneb gpu_200k_chain_if4 \
     gpu_100k_chain gpu_100k_one gpu_10k_chain gpu_10k_one
+elif [ "$phase" = wave32a ]; then
+  # where a saturated shard's hot thread spends its time: 11 tf32 shards at 1.012M, chained and one step an
+  # iteration, each with py-spy on shard 0 (the busiest instruments), 1 and 5 (a typical one)
+  hostcal
+  for v in chain:true one:false; do
+    pyspy_watch "shards11_${v%%:*}" 0 1 5
+    shards11 "shards11_${v%%:*}" 80 92000 tf32 "runner.chain_steps=${v#*:}"
+    pyspy_report "shards11_${v%%:*}"
+  done
+  summarize
+  verbatim host_ingest warm shards11_chain shards11_one shards11_chain_pyspy shards11_one_pyspy
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
