@@ -120,6 +120,7 @@
 #   tools/gpu_session.sh wave31d           # GPU tests (~160 s)
 #   tools/gpu_session.sh wave32a           # the host's speed; 11 tf32 shards at 1.012M, chained and one step an
 #                                          # iteration, py-spy on shards 0, 1, 5 (~330 s; py-spy from .whl/)
+#   tools/gpu_session.sh wave32b           # GPU tests; COLUMNS_MIN 16/32/64 for bursts of 4-8 9-event frames (~200 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1647,6 +1648,14 @@ elif [ "$phase" = wave32a ]; then
   done
   summarize
   verbatim host_ingest warm shards11_chain shards11_one shards11_chain_pyspy shards11_one_pyspy
+elif [ "$phase" = wave32b ]; then
+  # the GPU tests at the landing commit; where the column path starts to pay on this host's core for a saturated
+  # shard's bursts (wave 32: 28-48 events, 4-6 frames of 9), against the dev VM's (the per-event path cheaper there)
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step columns_min 90 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 4,6,8 \
+    --columns-min 16,32,64 --n 20000 --reps 3 --low-rate 0
+  summarize
+  verbatim gpu_tests columns_min
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
