@@ -6,7 +6,7 @@ the code the service runs (hft_infer.service.Service on real ipc sockets), plus 
 
     python tools/bench_hotpath.py --run-sizes 1024 [--n 20000 --reps 3]   # a burst's fixed cost
     python tools/bench_hotpath.py --run-sizes 1024 --columns-min 32,64,96 --frame-sizes 32,48,64,96,128
-    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,6,19   # a GPU shard's bursts
+    python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 1,4,6   # a GPU shard's bursts
     python tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 19 --run-parts  # where a burst goes
 
 REF: a git commit, or a folder holding a copy of that commit's hft_infer/ingest.py, ingest_cold.py
@@ -522,7 +522,7 @@ def main() -> None:
                     help="--run-sizes: EventBatch frame sizes (events)")
     ap.add_argument("--burst-frames", default="1,64", metavar="N,N,...",
                     help="--run-sizes: frames read per burst (ingest.max_drain), each a row (default 1,64; a saturated "
-                         "GPU shard at ~92k events/s reads ~10-19 frames of ~9 events a burst, BENCHMARKS.md wave 31)")
+                         "GPU shard at ~92k events/s reads ~3-5 frames of ~9 events a burst, BENCHMARKS.md wave 32)")
     ap.add_argument("--columns-min", default="", metavar="N,N,...",
                     help="--run-sizes: each of these as ingest_batch.COLUMNS_MIN (the run size from which the "
                          "column path is taken), interleaved; default: the code's own")
@@ -665,8 +665,8 @@ def run_size_rows(a) -> list[tuple[str, float, str]]:
     """--run-sizes N: ingest of a sequential model (conflation off; --conflating: the default
     model's conflation) over N instruments, EventBatch frames of --frame-sizes events, read
     --burst-frames frames per burst (ingest.max_drain; by default one and 64; a saturated GPU shard
-    reads ~10-19). A run's fixed cost shows as the gap between the two; --run-parts says where a
-    burst's time goes (run_parts). Runs under
+    reads ~3-5, 28-48 events: BENCHMARKS.md wave 32). A run's fixed cost shows as the gap between the
+    two; --run-parts says where a burst's time goes (run_parts). Runs under
     ingest_batch.COLUMNS_MIN events take the per-event path; --columns-min A,B,... measures each
     threshold (set in this process, repetitions interleaved): where the column path starts to pay."""
     rows: list[tuple[str, float, str]] = []

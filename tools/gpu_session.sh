@@ -289,9 +289,19 @@ warm_graph() {  # warm_graph NAME PYTHON: the step NAME, that tree's tf32 lstm_a
     --engines graph --models lstm_a/window --batches 1,8,64 --precision tf32
 }
 
+host_ingest() {  # the step host_ingest: one pinned core's EventBatch ingest, bursts of 1 and 64 frames (hostcal's)
+  step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
+}
+
+columns_min_sweep() {  # the step columns_min: on one pinned core, ingest_batch.COLUMNS_MIN 16 / 32 / 64 over bursts of
+  # 4-8 frames of 9 events (a saturated shard's, wave 32): where the column path starts to pay on this host
+  step columns_min 90 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 4,6,8 \
+    --columns-min 16,32,64 --n 20000 --reps 3 --low-rate 0
+}
+
 hostcal() {  # the host's speed, for comparing device calls (wave30b): lscpu, one pinned core's ingest, the graph step
   step host_cpu 10 bash -c 'lscpu | grep -E "Model name|MHz|^L[123]|Thread|Core|Socket|NUMA node0"; grep -m1 -E "^flags" /proc/cpuinfo | wc -w'
-  step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
+  host_ingest
   warm_graph warm "$PY"
 }
 
@@ -1652,8 +1662,7 @@ elif [ "$phase" = wave32b ]; then
   # the GPU tests at the landing commit; where the column path starts to pay on this host's core for a saturated
   # shard's bursts (wave 32: 28-48 events, 4-6 frames of 9), against the dev VM's (the per-event path cheaper there)
   gpu_tests 300 "${LANDING_TESTS[@]}"
-  step columns_min 90 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 4,6,8 \
-    --columns-min 16,32,64 --n 20000 --reps 3 --low-rate 0
+  columns_min_sweep
   summarize
   verbatim gpu_tests columns_min
 elif [ "$phase" = wave31d ]; then
