@@ -95,6 +95,8 @@ class IngestConfig(_Section):
     """Most frames read in one ingest burst before the loop looks at the model step again."""
     coalesce_us: Annotated[int, Meta(ge=0, le=100_000)] = 0
     """While a full batch (scheduler.max_batch rows, or three quarters of the service's instruments where that is fewer) is already queued -- or, past capacity (no read has found the socket empty for this long, and the last step took at least half a full batch), half as many slots as the last step took -- read the feed at most once per this many µs since the last read that emptied it, in one burst of what arrived: a burst's cost is mostly fixed, and past capacity a loop that reads the feed every iteration spends most of its time there. Holds a read only when longer than a loop iteration past capacity (~1.2 ms for gpu.toml's lstm_a on the GPU hosts, where 2500 doubled a saturated shard's decided/s). Events wait up to this long in the socket, past capacity and at it (gpu.toml at its capacity: the service stage's median 1.3-2.8x, BENCHMARKS.md wave 25). 0: read whenever input is there. Ignored with runner.cpu_worker (its loop sleeps while a step is in flight)."""
+    read_gap_us: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    """Past capacity only -- no read has found the socket empty for this long, and steps are still queued -- read the feed at most once per this many µs since the last read that emptied it, so that a saturated loop reads bursts long enough for the EventBatch column path (ingest_batch.COLUMNS_MIN events, ~1.4-1.9 against ~2.5-2.8 µs an event per event on the dev VM). Why: a saturated lstm_a shard at 92k events/s over 9-event frames read bursts of 28-48 events, most of them handled one by one (BENCHMARKS.md wave 32). Events wait up to this long in the socket past capacity; a loop with nothing queued reads at once, and a read that finds the socket empty ends it. 0: off. Ignored with runner.cpu_worker."""
 
     def __post_init__(self) -> None:
         _check_shm_service(self.shm_service)
@@ -357,11 +359,13 @@ class Config(_Section):
     security: SecurityConfig = SecurityConfig()
 
     def __post_init__(self) -> None:
-        if self.ingest.coalesce_us and self.ingest.coalesce_us >= self.scheduler.max_age_us:
-            raise ValueError(
-                f"ingest.coalesce_us {self.ingest.coalesce_us} must be below scheduler.max_age_us "
-                f"{self.scheduler.max_age_us} (a held event would be stale when read)"
-            )
+        for name in ("coalesce_us", "read_gap_us"):
+            held = getattr(self.ingest, name)
+            if held and held >= self.scheduler.max_age_us:
+                raise ValueError(
+                    f"ingest.{name} {held} must be below scheduler.max_age_us "
+                    f"{self.scheduler.max_age_us} (a held event would be stale when read)"
+                )
         host, uni = self.cpu.host_shards, self.universe
         if host and (len(set(host)) != len(host) or max(host) >= uni.shard_count or uni.shard_index not in host):
             raise ValueError(

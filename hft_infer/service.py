@@ -182,7 +182,7 @@ class Service:
                             egress=self.egress, acct=self.acct, clock=self.clock, stages=self.stages,
                             instrument_ids=self.instrument_ids, inflight_rows=self._inflight_rows,
                             max_drain=cfg.ingest.max_drain, publish_shed=cfg.egress.publish_shed,
-                            coalesce_ns=cfg.ingest.coalesce_us * 1000)
+                            coalesce_ns=cfg.ingest.coalesce_us * 1000, read_gap_ns=cfg.ingest.read_gap_us * 1000)
 
     def _reset_slots(self, slots: list[int]) -> None:
         self.step.reset_slots(slots)

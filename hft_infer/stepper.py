@@ -88,7 +88,8 @@ class _Batch:
 
 class Stepper:
     def __init__(self, *, engine, sched, store, ingester, egress, acct, clock, stages, instrument_ids: list[int],
-                 inflight_rows: int, max_drain: int, publish_shed: bool, coalesce_ns: int = 0) -> None:
+                 inflight_rows: int, max_drain: int, publish_shed: bool, coalesce_ns: int = 0,
+                 read_gap_ns: int = 0) -> None:
         self.engine, self.sched, self.store = engine, sched, store
         self.ingester, self.egress, self.acct, self.clock = ingester, egress, acct, clock
         self.bufs = stages.buffers
@@ -100,6 +101,7 @@ class Stepper:
         # off for an engine whose steps run on a thread here (done_fd): that loop sleeps on the socket
         # while a step is in flight, and a held socket would wake it at once
         self.coalesce_ns = 0 if engine.done_fd is not None else coalesce_ns
+        self.read_gap_ns = 0 if engine.done_fd is not None else read_gap_ns  # ingest.read_gap_us, as coalesce_ns
         # coalescing's "full batch": max_batch rows, or three quarters of the slots where a shard owns
         # fewer than max_batch / 0.75: a step takes one row per queued slot of a sequential model, and
         # every slot queued at once is rare under a skewed feed (12 shards of ~85 instruments at
@@ -128,11 +130,15 @@ class Stepper:
         """Coalescing (module docstring): False while the socket was emptied less than coalesce_ns
         ago and a full batch is queued -- or, past capacity (no read has found the socket empty
         for coalesce_ns, and the last step took at least half a full batch), at least half as
-        many slots as the last step took."""
-        if self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
+        many slots as the last step took. With read_gap_ns (ingest.read_gap_us), also False past
+        capacity by that measure (no empty read for read_gap_ns) while slots are queued, until
+        read_gap_ns since the last read: longer bursts, for the EventBatch column path."""
+        if (self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
                 self.sched.queued_slots >= self.full_batch
                 or (self.sched.queued_slots * 2 >= self.last_batch and self.last_batch * 2 >= self.full_batch
-                    and now - self._last_empty >= self.coalesce_ns)):
+                    and now - self._last_empty >= self.coalesce_ns))) or (
+                self.read_gap_ns and now - self._last_read < self.read_gap_ns
+                and now - self._last_empty >= self.read_gap_ns and self.sched.queued_slots):
             if not self._holding:  # one read put off (counted once, however many iterations it waits)
                 self._holding = True
                 self.acct.coalesced_reads += 1

@@ -121,6 +121,8 @@
 #   tools/gpu_session.sh wave32a           # the host's speed; 11 tf32 shards at 1.012M, chained and one step an
 #                                          # iteration, py-spy on shards 0, 1, 5 (~330 s; py-spy from .whl/)
 #   tools/gpu_session.sh wave32b           # GPU tests; COLUMNS_MIN 16/32/64 for bursts of 4-8 9-event frames (~200 s)
+#   tools/gpu_session.sh wave32c           # GPU tests; 11 tf32 shards at 1.012M chained, ingest.read_gap_us 0 and
+#                                          # 1000 alternated twice; the COLUMNS_MIN sweep (~400 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1665,6 +1667,19 @@ elif [ "$phase" = wave32b ]; then
   columns_min_sweep
   summarize
   verbatim gpu_tests columns_min
+elif [ "$phase" = wave32c ]; then
+  # ingest.read_gap_us (a saturated loop reads at most once per gap, for bursts long enough for the column path:
+  # wave 32's shards read 28-48 events a burst) against without, both chained, alternated on one host; the GPU
+  # tests first (the tree's), the host's ingest speed, and bench_hotpath's COLUMNS_MIN sweep if time is left
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
+  for v in chain:0 gap:1000 chainb:0 gapb:1000; do
+    shards11 "shards11_${v%%:*}" 70 92000 tf32 runner.chain_steps=true "ingest.read_gap_us=${v#*:}"
+  done
+  step columns_min 90 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 4,6,8 \
+    --columns-min 16,32,64 --n 20000 --reps 3 --low-rate 0
+  summarize
+  verbatim gpu_tests host_ingest shards11_chain shards11_gap shards11_chainb shards11_gapb columns_min
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"

@@ -35,7 +35,7 @@ COUNTERS = (
     "batches",
     "ingest_disconnects",  # feed connections lost by the ingest socket (then re-established)
     "overlapped",  # frames ingested while a model step was in flight
-    "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us) to read in one go
+    "coalesced_reads",  # bursts the loop put off (ingest.coalesce_us, read_gap_us) to read in one go
     "chained_steps",  # steps submitted after the first of a loop iteration (runner.chain_steps)
     "hot_preemptions",  # the hot thread switched out while runnable (hft_infer/hot_thread_stats.py)
     "hot_runqueue_wait_us",  # ... and how long it waited to run again

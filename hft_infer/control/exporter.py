@@ -61,7 +61,7 @@ COUNTER_HELP = {
     "ingest_disconnects": "Feed connections lost (and re-established) by the ingest socket",
     "overlapped": "Frames ingested while a model step was in flight",
     "coalesced_reads": "Ingest bursts put off while a full batch was queued, to read the feed in one go "
-                       "(ingest.coalesce_us)",
+                       "(ingest.coalesce_us), or past capacity (ingest.read_gap_us)",
     "chained_steps": "Model steps submitted after the first of a loop iteration, while the engine took more and "
                      "slots were still queued (runner.chain_steps)",
     "hot_preemptions": "Times the kernel switched the hot (busy-polling) thread out while it could run: another "

@@ -142,3 +142,33 @@ def test_a_coalesce_us_an_event_could_not_survive_is_refused():
     with pytest.raises(ConfigError, match="coalesce_us 5000 must be below scheduler.max_age_us 5000"):
         load_config(None, ["ingest.coalesce_us=5000"])
     assert load_config(None, ["ingest.coalesce_us=4999"]).ingest.coalesce_us == 4999
+
+
+def test_read_gap_holds_past_capacity_while_steps_are_queued(make_service):
+    """ingest.read_gap_us, without coalesce_us: held only once no read has found the socket empty
+    for the gap, only while a slot is queued (whatever the batch), and at most the gap since the
+    last read that emptied the socket; a read that finds the socket empty ends it."""
+    svc = make_service("ingest.coalesce_us=0", f"ingest.read_gap_us={HOLD_NS // 1000}")
+    step = svc.step
+    assert step.coalesce_ns == 0 and step.read_gap_ns == HOLD_NS
+    assert step.ingest(T0) == 0  # found empty at T0
+    _queue(svc, [0])
+    step._last_read = T0 + HOLD_NS // 2  # a read emptied the socket, having found events
+    assert step.feed_due(T0 + HOLD_NS // 2 + 1)  # an empty read a moment ago: below capacity, read
+    step._last_read = T0 + HOLD_NS  # no empty read since T0: past capacity by the gap
+    assert not step.feed_due(T0 + HOLD_NS + 1) and svc.acct.coalesced_reads == 1
+    assert not step.feed_due(T0 + 2 * HOLD_NS - 1) and svc.acct.coalesced_reads == 1  # one hold, counted once
+    assert step.feed_due(T0 + 2 * HOLD_NS)  # the gap since that read has passed
+    svc.sched.form_batch(T0 + 2 * HOLD_NS, force=True)  # the queued slot stepped: nothing queued
+    assert svc.sched.queued_slots == 0
+    assert step.feed_due(T0 + HOLD_NS + 1)  # nothing to step meanwhile: read at once
+    _queue(svc, [1])
+    assert not step.feed_due(T0 + HOLD_NS + 1)
+    assert step.ingest(T0 + HOLD_NS + 2) == 0  # a read that finds nothing: below capacity again
+    assert step.feed_due(T0 + HOLD_NS + 3)
+
+
+def test_a_read_gap_us_an_event_could_not_survive_is_refused():
+    with pytest.raises(ConfigError, match="read_gap_us 5000 must be below scheduler.max_age_us 5000"):
+        load_config(None, ["ingest.read_gap_us=5000"])
+    assert load_config(None, ["ingest.read_gap_us=4999"]).ingest.read_gap_us == 4999
