@@ -39,6 +39,8 @@ its `n` and `n_levels` is one DECODE_ERROR, as any frame that is not our schema.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from hft_infer.transport.codec import (
@@ -47,7 +49,6 @@ from hft_infer.transport.codec import (
     events_of_batch,
     merged_event_columns,
     message_tag,
-    topic_for,
 )
 from hft_infer.transport.schema import TAG_EVENT_BATCH, EventBatch, Kind, Quote, Reason, Trade
 
@@ -69,6 +70,7 @@ RUN_MAX = 4096
 SLOT_TABLE_MAX = 1 << 20  # instrument ids below this: a lookup table (4 MB at most) instead of a search
 _BAD_HIGH = 0x7F000000  # as ingest.py: a float32 whose high byte is >= 0x7F, read as a uint32
 _EMPTY = b""
+_INSTRUMENT = attrgetter("instrument")
 
 
 class EventBatchPaths:
@@ -91,8 +93,7 @@ class EventBatchPaths:
         # each slot's configured class of a quote and of a trade (the sequential column path)
         self._class_q_np = np.asarray(self.class_q, dtype=np.int64)
         self._class_t_np = np.asarray(self.class_t, dtype=np.int64)
-        topic_of = dict(zip(self.ids, self.topics))
-        self._topic_of_id = lambda inst: topic_of.get(inst) or topic_for(inst)
+        self._topic_of_id = dict(zip(self.ids, self.topics)).get
 
     def _batch_sized(self, payload) -> bool:
         """Cold: a frame over max_frame_bytes is still read if it is an EventBatch within
@@ -184,8 +185,9 @@ class EventBatchPaths:
         if not self.topic_frame:
             tops.extend([None] * len(events))
         elif top == self.batch_topic:
-            topics = self._topic_of_id
-            tops.extend([topics(e.instrument) for e in events])
+            # each event as if under its instrument's topic: a C-level map (an id the service does not
+            # serve maps to None, and is rejected as unknown before any topic is compared)
+            tops.extend(map(self._topic_of_id, map(_INSTRUMENT, events)))
         else:
             tops.extend([top] * len(events))
         recvs.extend([t_recv] * len(events))
