@@ -19,7 +19,8 @@ events/s on an H100 host the shed sat in the shards holding the busiest instrume
 full (runner.max_inflight) or nothing is queued, each taking the backlogged instruments' next
 events (a step's device work is ordered after the one before it on the engine's stream, so an
 instrument may be in several steps in flight). On three H100 hosts, alternated, 11 EventBatch
-shards chained decided 898-966k/s against 802-958k one step an iteration (+1 to +12 %); one gpu.toml
+shards chained decided 898-966k/s against 802-958k one step an iteration (+1 to +12 %), and on a
+fourth 1,002,550-1,007,693 (shed under 1 %) against 965-996k (wave 32); one gpu.toml
 service over per-event frames decided 57k/s against 97k at 100k offered (more steps, each with its
 host cost, on a loop already short of time) and shed every event LATE in one of two runs at 200k
 (BENCHMARKS.md wave 31): a choice per deployment, off by default.

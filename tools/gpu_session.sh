@@ -1672,12 +1672,11 @@ elif [ "$phase" = wave32c ]; then
   # wave 32's shards read 28-48 events a burst) against without, both chained, alternated on one host; the GPU
   # tests first (the tree's), the host's ingest speed, and bench_hotpath's COLUMNS_MIN sweep if time is left
   gpu_tests 300 "${LANDING_TESTS[@]}"
-  step host_ingest 60 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9,64 --n 20000 --reps 3
+  host_ingest
   for v in chain:0 gap:1000 chainb:0 gapb:1000; do
     shards11 "shards11_${v%%:*}" 70 92000 tf32 runner.chain_steps=true "ingest.read_gap_us=${v#*:}"
   done
-  step columns_min 90 taskset -c 5 $PY tools/bench_hotpath.py --run-sizes 93 --frame-sizes 9 --burst-frames 4,6,8 \
-    --columns-min 16,32,64 --n 20000 --reps 3 --low-rate 0
+  columns_min_sweep
   summarize
   verbatim gpu_tests host_ingest shards11_chain shards11_gap shards11_chainb shards11_gapb columns_min
 elif [ "$phase" = wave31d ]; then
