@@ -123,6 +123,8 @@
 #   tools/gpu_session.sh wave32b           # GPU tests; COLUMNS_MIN 16/32/64 for bursts of 4-8 9-event frames (~200 s)
 #   tools/gpu_session.sh wave32c           # GPU tests; 11 tf32 shards at 1.012M chained, ingest.read_gap_us 0 and
 #                                          # 1000 alternated twice; the COLUMNS_MIN sweep (~400 s)
+#   tools/gpu_session.sh wave33a           # issue 18's scaling 1 -> 4 (150k a shard, chained), twice; the one-event
+#                                          # cycle by parts (graph, persistent); issue 19's runs at 10k (~330 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1679,6 +1681,24 @@ elif [ "$phase" = wave32c ]; then
   columns_min_sweep
   summarize
   verbatim gpu_tests host_ingest shards11_chain shards11_gap shards11_chainb shards11_gapb columns_min
+elif [ "$phase" = wave33a ]; then
+  # where issue 18's scaling 1 -> 4 and issue 19's low-rate latency stand now (last measured in waves 16 and 13):
+  # lstm_a 1 and 4 shards saturated (150k events/s a shard over EventBatch frames, 1,024 instruments, tf32, 4 in
+  # flight, chained; bench_shards computes the efficiency) twice; the one-event cycle by parts on both GPU engines;
+  # the floor and lstm_a persistent and graph over iceoryx2 and ZeroMQ at 10k
+  for v in scal scalb; do
+    EXTRA_ARGS=--balance-shards shards_inst "$v" 100 1024 150000 "1 4" "lstm_a:1 lstm_a:4" runner.precision=tf32 \
+      runner.max_inflight=4 runner.chain_steps=true
+  done
+  for e in graph persistent; do
+    step "lowrate_$e" 60 taskset -c 5 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --engine "$e" \
+         --low-rate 3000 --n 3000 --reps 1
+  done
+  [ -f tools/bench_shm.sh ] && step shm 100 env BUDGET_S=95 RUNS="floor persistent auto" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 auto:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 auto:zmq:10000" \
+       bash tools/bench_shm.sh "$WORK/shm"
+  summarize
+  verbatim scal scalb lowrate_graph lowrate_persistent shm
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
