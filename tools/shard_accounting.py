@@ -7,8 +7,9 @@ RUN_DIR is a bench run directory holding shard0/service/service.json, shard1/...
 writes them under OUTDIR/runs/<model>-n<N>/), or a single service's run directory holding
 service/service.json. Each row: the run's NAME, the shard, its accounting (received, decided, shed
 by reason), the loop's counters (batches, coalesced_reads, stalls and the ingest part of them)
-and the median of its `ingest` (µs an event of a burst), `step` and `loop_gap` stages -- what a
-saturated shard's capacity and its losses are made of, where the aggregate table only sums them.
+and the median of its `ingest` (µs an event of a burst), `step` and `loop_gap` stages, and its
+events a burst (received over the `ingest` stage's count, one sample a burst, warm-up included) --
+what a saturated shard's capacity and its losses are made of, where the aggregate table only sums them.
 The table is plain text starting with a `#` line, as docs/bench/ logs must (tests/unit/
 test_bench_logs.py); --header puts a line of provenance (e.g. `commit: ...`) first.
 Exit 1 when a run directory holds no service.json.
@@ -28,7 +29,8 @@ import sys
 from pathlib import Path
 
 COLUMNS = ("run", "shard", "received", "decided", "shed", "LATE", "QUEUE_FULL", "STALE", "batches",
-           "coalesced_reads", "stalls", "stall_ingest_ms", "ingest_p50_us", "step_p50_us", "loop_gap_p50_us")
+           "coalesced_reads", "stalls", "stall_ingest_ms", "ingest_p50_us", "step_p50_us", "loop_gap_p50_us",
+           "events_per_burst")
 
 
 def service_files(run_dir: Path) -> list[tuple[str, Path]]:
@@ -47,10 +49,13 @@ def row(name: str, shard: str, summary: dict) -> list:
     def p50(stage: str):
         return stages.get(stage, {}).get("p50_us", "-")
 
+    bursts = stages.get("ingest", {}).get("count", 0)
+
     return [name, shard, acct["received"], acct["decided"], acct["shed"], reasons.get("LATE", 0),
             reasons.get("QUEUE_FULL", 0), reasons.get("STALE", 0), counters["batches"],
             counters.get("coalesced_reads", 0), counters.get("stalls", 0),
-            round(counters.get("stall_ingest_us", 0) / 1000, 1), p50("ingest"), p50("step"), p50("loop_gap")]
+            round(counters.get("stall_ingest_us", 0) / 1000, 1), p50("ingest"), p50("step"), p50("loop_gap"),
+            round(acct["received"] / bursts, 1) if bursts else "-"]
 
 
 TIMELINE_COLUMNS = ("run", "shard", "t_s", "interval_ms", "received", "decided", "LATE", "STALE", "batches",

@@ -14,7 +14,7 @@ def write_service(path: Path, *, received: int, decided: int, late: int, coalesc
     summary = {
         "accounting": {"received": received, "decided": decided, "shed": received - decided},
         "counters": {"batches": 7, "coalesced_reads": coalesced, "stalls": 3, "stall_ingest_us": 2500},
-        "stages": {"ingest": {"p50_us": 5.5}, "step": {"p50_us": 900.0}, "loop_gap": {"p50_us": 12.0}},
+        "stages": {"ingest": {"p50_us": 5.5, "count": 4}, "step": {"p50_us": 900.0}, "loop_gap": {"p50_us": 12.0}},
         "rejected_by_reason": {"LATE": late, "STALE": received - decided - late},
     }
     (path / "service.json").write_text(json.dumps(summary))
@@ -30,7 +30,7 @@ def test_rows_in_shard_order_with_each_shards_own_figures(tmp_path, capsys):
     assert lines[0] == "commit: abc" and lines[1].startswith("# per-shard accounting")
     assert [ln.split()[1] for ln in lines[2:]] == ["0", "2", "10"]
     assert lines[4].split() == ["c2500", "10", "110", "90", "20", "10", "0", "10", "7", "30", "3", "2.5", "5.5",
-                                "900.0", "12.0"]
+                                "900.0", "12.0", "27.5"]
 
 
 def test_a_single_service_run_and_a_directory_without_one(tmp_path, capsys):
