@@ -123,8 +123,8 @@
 #   tools/gpu_session.sh wave32b           # GPU tests; COLUMNS_MIN 16/32/64 for bursts of 4-8 9-event frames (~200 s)
 #   tools/gpu_session.sh wave32c           # GPU tests; 11 tf32 shards at 1.012M chained, ingest.read_gap_us 0 and
 #                                          # 1000 alternated twice; the COLUMNS_MIN sweep (~400 s)
-#   tools/gpu_session.sh wave33a           # issue 18's scaling 1 -> 4 (150k a shard, chained), twice; the one-event
-#                                          # cycle by parts (graph, persistent); issue 19's runs at 10k (~330 s)
+#   tools/gpu_session.sh wave33a           # GPU tests; issue 18's scaling 1 -> 4 (150k a shard, chained), twice; the one-event
+#                                          # cycle by parts (graph, persistent); issue 19's runs at 10k (~430 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1685,7 +1685,8 @@ elif [ "$phase" = wave33a ]; then
   # where issue 18's scaling 1 -> 4 and issue 19's low-rate latency stand now (last measured in waves 16 and 13):
   # lstm_a 1 and 4 shards saturated (150k events/s a shard over EventBatch frames, 1,024 instruments, tf32, 4 in
   # flight, chained; bench_shards computes the efficiency) twice; the one-event cycle by parts on both GPU engines;
-  # the floor and lstm_a persistent and graph over iceoryx2 and ZeroMQ at 10k
+  # the floor and lstm_a persistent and graph over iceoryx2 and ZeroMQ at 10k; the GPU tests (the tree's) first
+  gpu_tests 300 "${LANDING_TESTS[@]}"
   for v in scal scalb; do
     EXTRA_ARGS=--balance-shards shards_inst "$v" 100 1024 150000 "1 4" "lstm_a:1 lstm_a:4" runner.precision=tf32 \
       runner.max_inflight=4 runner.chain_steps=true
@@ -1698,7 +1699,7 @@ elif [ "$phase" = wave33a ]; then
        persistent:iceoryx2:10000 auto:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 auto:zmq:10000" \
        bash tools/bench_shm.sh "$WORK/shm"
   summarize
-  verbatim scal scalb lowrate_graph lowrate_persistent shm
+  verbatim gpu_tests scal scalb lowrate_graph lowrate_persistent shm
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"

@@ -24,7 +24,7 @@ from hft_infer.transport.codec import (
     events_of_batch,
     topic_for,
 )
-from hft_infer.transport.schema import EventBatch, Heartbeat, Outcome, Reason, Reset
+from hft_infer.transport.schema import EventBatch, Heartbeat, Outcome, Quote, Reason, Reset, Trade
 
 RNG_SEED = 11
 
@@ -517,3 +517,32 @@ def test_the_column_path_at_the_services_shape_writes_every_slots_rows():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("levels", [0, 1, 10])
+@pytest.mark.parametrize("with_priority", [False, True])
+@pytest.mark.parametrize("with_trades", [False, True])
+def test_events_of_batch_are_the_batchs_columns_row_by_row(levels, with_priority, with_trades):
+    """The per-event path's expansion (codec.events_of_batch) against the numpy reading of the same
+    frame (event_batch_columns): each event's type, fields and book bytes are its row's."""
+    rng = np.random.default_rng(RNG_SEED + levels)
+    n = 13
+    kind = rng.integers(0, 2, n).astype("u1") if with_trades else None
+    batch = event_batch(rng.integers(0, 2**32, n, dtype=np.uint64), rng.integers(0, 2**63, n, dtype=np.uint64),
+                        rng.integers(-2**62, 2**62, n), rng.integers(0, 2**62, n),
+                        rng.random((n, levels * 4), dtype=np.float32),
+                        rng.integers(-1, 5, n) if with_priority else None, kind=kind,
+                        price=rng.random(n) if with_trades else None, size=rng.random(n) if with_trades else None,
+                        side=rng.choice([-1, 1], n) if with_trades else None)
+    batch = msgspec_decode(encode(batch))  # as the ingest gets it: decoded from a frame
+    events, cols = events_of_batch(batch), event_batch_columns(batch)
+    assert len(events) == n
+    for i, e in enumerate(events):
+        assert (e.instrument, e.seq, e.ts_exchange_ns, e.ts_send_ns, e.priority) == (
+            int(cols["instrument"][i]), int(cols["seq"][i]), int(cols["ts_exchange_ns"][i]),
+            int(cols["ts_send_ns"][i]), int(cols["priority"][i]))
+        if with_trades and kind[i] == 1:
+            assert type(e) is Trade and (e.price, e.size, e.side) == (
+                float(cols["price"][i]), float(cols["size"][i]), int(cols["side"][i]))
+        else:
+            assert type(e) is Quote and e.n_levels == levels and bytes(e.book) == cols["book"][i].tobytes()
