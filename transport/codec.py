@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 import sys
-from itertools import repeat
 from operator import attrgetter
 
 import msgspec
@@ -229,14 +228,11 @@ def events_of_batch(batch: EventBatch) -> list[Quote | Trade] | None:
     step = levels * BYTES_PER_LEVEL
     book = memoryview(batch.book)
     prios = optional["priority"] or [NO_PRIORITY] * n
-    columns = (_column_list(batch.instrument, "<u4"), _column_list(batch.seq, "<u8"),
-               _column_list(batch.ts_exchange_ns, "<i8"), _column_list(batch.ts_send_ns, "<i8"))
+    rows = zip(_column_list(batch.instrument, "<u4"), _column_list(batch.seq, "<u8"),
+               _column_list(batch.ts_exchange_ns, "<i8"), _column_list(batch.ts_send_ns, "<i8"), prios)
     if not trades[0]:
-        # quotes only (the usual batch): built by a C-level map over the columns, ~16 % less than a
-        # comprehension unpacking a zip (dev VM, 9-event batches: 575 against 680 ns an event)
-        books = [book[i:i + step] for i in range(0, n * step, step)] if step else [book] * n
-        return list(map(Quote, *columns, repeat(levels, n), books, prios))
-    rows = zip(*columns, prios)
+        return [Quote(inst, seq, ts_x, ts_send, levels, book[i * step:(i + 1) * step], prio)
+                for i, (inst, seq, ts_x, ts_send, prio) in enumerate(rows)]
     out: list[Quote | Trade] = []
     for i, (inst, seq, ts_x, ts_send, prio), kind, price, size, side in zip(
             range(n), rows, optional["kind"], optional["price"], optional["size"], optional["side"]):
