@@ -125,6 +125,8 @@
 #                                          # 1000 alternated twice; the COLUMNS_MIN sweep (~400 s)
 #   tools/gpu_session.sh wave33a           # GPU tests; issue 18's scaling 1 -> 4 (150k a shard, chained), twice; the one-event
 #                                          # cycle by parts (graph, persistent); issue 19's runs at 10k (~430 s)
+#   tools/gpu_session.sh wave34a           # GPU tests; scaling 1 -> 4 at 200k a shard (a single shard saturated),
+#                                          # twice; issue 19's 10k runs over both transports (~360 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -315,6 +317,19 @@ shards11() {  # shards11 NAME TIMEOUT RATE PRECISION [SET...]: waves 29-30's run
   shift 4
   EXTRA_ARGS=--balance-shards cpu_sampled "$name" shards_inst "$name" "$t" 1024 "$rate" 11 lstm_a:11 \
     runner.precision="$prec" runner.max_inflight=4 "$@"
+}
+
+scaling_pair() {  # scaling_pair NAME RATE: issue 18's scaling 1 -> 4 (bench_shards computes it) -- lstm_a 1 and 4
+  # shards at RATE events/s a shard over EventBatch frames, 1,024 instruments balanced, tf32, 4 in flight, chained
+  EXTRA_ARGS=--balance-shards shards_inst "$1" 100 1024 "$2" "1 4" "lstm_a:1 lstm_a:4" runner.precision=tf32 \
+    runner.max_inflight=4 runner.chain_steps=true
+}
+
+shm_10k() {  # the step `shm`: issue 19's runs at 10k events/s -- the floor and lstm_a persistent and auto (graph),
+  # over iceoryx2 and over ZeroMQ (tools/bench_shm.sh)
+  [ -f tools/bench_shm.sh ] && step shm 100 env BUDGET_S=95 RUNS="floor persistent auto" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 auto:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 auto:zmq:10000" \
+       bash tools/bench_shm.sh "$WORK/shm"
 }
 
 # the GPU tests a landing commit runs (the real engines in a real service, and the hot path's)
@@ -1690,19 +1705,24 @@ elif [ "$phase" = wave33a ]; then
   # flight, chained; bench_shards computes the efficiency) twice; the one-event cycle by parts on both GPU engines;
   # the floor and lstm_a persistent and graph over iceoryx2 and ZeroMQ at 10k; the GPU tests (the tree's) first
   gpu_tests 300 "${LANDING_TESTS[@]}"
-  for v in scal scalb; do
-    EXTRA_ARGS=--balance-shards shards_inst "$v" 100 1024 150000 "1 4" "lstm_a:1 lstm_a:4" runner.precision=tf32 \
-      runner.max_inflight=4 runner.chain_steps=true
-  done
+  scaling_pair scal 150000
+  scaling_pair scalb 150000
   for e in graph persistent; do
     step "lowrate_$e" 60 taskset -c 5 $PY tools/bench_hotpath.py --only-low-rate --cycle-parts --engine "$e" \
          --low-rate 3000 --n 3000 --reps 1
   done
-  [ -f tools/bench_shm.sh ] && step shm 100 env BUDGET_S=95 RUNS="floor persistent auto" ORDER="floor:iceoryx2:10000 \
-       persistent:iceoryx2:10000 auto:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 auto:zmq:10000" \
-       bash tools/bench_shm.sh "$WORK/shm"
+  shm_10k
   summarize
   verbatim gpu_tests scal scalb lowrate_graph lowrate_persistent shm
+elif [ "$phase" = wave34a ]; then
+  # what wave33a left: a second clean scaling figure (wave33a's second single shard kept up with 150k, so 200k a
+  # shard here) and issue 19's runs at 10k (skipped there); the GPU tests (the tree's) first
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  scaling_pair scal200 200000
+  scaling_pair scal200b 200000
+  shm_10k
+  summarize
+  verbatim gpu_tests scal200 scal200b shm
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
