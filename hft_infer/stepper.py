@@ -133,7 +133,8 @@ class Stepper:
         for coalesce_ns, and the last step took at least half a full batch), at least half as
         many slots as the last step took. With read_gap_ns (ingest.read_gap_us), also False past
         capacity by that measure (no empty read for read_gap_ns) while slots are queued, until
-        read_gap_ns since the last read: longer bursts, for the EventBatch column path."""
+        read_gap_ns since the last read: the loop steps what is queued meanwhile (BENCHMARKS.md
+        wave 33: more steps a second past capacity, not longer bursts)."""
         if (self.coalesce_ns and now - self._last_read < self.coalesce_ns and (
                 self.sched.queued_slots >= self.full_batch
                 or (self.sched.queued_slots * 2 >= self.last_batch and self.last_batch * 2 >= self.full_batch

@@ -1688,8 +1688,8 @@ elif [ "$phase" = wave32b ]; then
   summarize
   verbatim gpu_tests columns_min
 elif [ "$phase" = wave32c ]; then
-  # ingest.read_gap_us (a saturated loop reads at most once per gap, for bursts long enough for the column path:
-  # wave 32's shards read 28-48 events a burst) against without, both chained, alternated on one host; the GPU
+  # ingest.read_gap_us (a saturated loop reads at most once per gap, meant for bursts long enough for the column
+  # path -- wave 32's shards read 28-48 events a burst; wave 33 found more steps instead) against without, both chained, alternated on one host; the GPU
   # tests first (the tree's), the host's ingest speed, and bench_hotpath's COLUMNS_MIN sweep if time is left
   gpu_tests 300 "${LANDING_TESTS[@]}"
   host_ingest
