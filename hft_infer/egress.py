@@ -128,11 +128,12 @@ class Answers:
         self._add_outcomes(inst, seq, _SHED_BYTE * n, bytes((reason,)) * n, bytes(n), bytes(4 * n),  # 0.0 as f32
                            bytes(4 * n) if nconf is None else nconf, ts_send, ts_recv)
 
-    def add_decided(self, inst: list[int], seq, nconf, ts_send, ts_recv, scores: np.ndarray,
+    def add_decided(self, inst, seq, nconf, ts_send, ts_recv, scores: np.ndarray,
                     actions: np.ndarray) -> None:
-        """A step's decisions: inst a list; seq, nconf, ts_send and ts_recv lists, tuples or (the
-        two timestamps) int64 numpy arrays; scores and actions the engine's numpy outputs, taken
-        as bytes (no Python float or int per decision)."""
+        """A step's decisions: inst, seq, nconf, ts_send and ts_recv lists or tuples (a small
+        step's), or numpy arrays (a large step's, gathered from the scheduler's columns: taken as
+        bytes); scores and actions the engine's numpy outputs, taken as bytes (no Python float or
+        int per decision)."""
         n = len(inst)
         self._add_outcomes(inst, seq, _DECIDED_BYTE * n, bytes(n), actions.astype(np.int8).tobytes(),
                            scores.astype(np.float32, copy=False).tobytes(), nconf, ts_send, ts_recv)

@@ -211,9 +211,11 @@ class Scheduler:
 
         cap = cfg.capacity
         self.capacity = cap
-        # request table, indexed by request id: numpy columns (push_columns scatters into them)
-        # and a memoryview of each for the scalar code (module docstring)
+        # request table, indexed by request id: numpy columns (push_columns scatters into them, a
+        # large step's answers gather from them: Stepper._answer_columns) and a memoryview of each
+        # for the scalar code (module docstring)
         self._r = {name: np.zeros(cap, dtype) for name, dtype in _REQUEST_COLUMNS}
+        self.request_columns = self._r
         r = {name: memoryview(col) for name, col in self._r.items()}
         self.r_slot, self.r_pos, self.r_seq, self.r_cls = r["slot"], r["pos"], r["seq"], r["cls"]
         self.r_recv_ns = r["recv_ns"]  # perf_counter_ns at receive

@@ -44,7 +44,10 @@ followed by the next within ~100 µs of ingest rather than a whole burst's
 256 while in flight the `step` stage was p50 1.2 ms against a 153 µs batch-64
 step, and the sequential model, one event per instrument per step, stepped
 only ~25k rows/s). Stage samples are recorded per step or per burst, as
-Python list extends (metrics.SampleBuffer): no numpy call per step.
+Python list extends (metrics.SampleBuffer): no numpy call per step, except in a
+step of ANSWER_COLUMNS_MIN requests or more, whose answers and samples are
+numpy columns gathered from the scheduler's request table (fixed costs that a
+large step's per-answer Python outweighs).
 
 Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued (max_batch
 rows, or three quarters of the shard's slots where that is fewer), reading more of the feed
@@ -73,11 +76,19 @@ from __future__ import annotations
 import collections
 from operator import itemgetter
 
+import numpy as np
+
 from hft_infer.clock import perf_ns
 from hft_infer.transport.schema import Outcome, Reason
 
 DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
 STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
+# A step of at least this many requests is answered from the scheduler's numpy columns
+# (Stepper._answer_columns: ~20 numpy calls, a fixed cost) rather than from Python tuples of them
+# (_answer_step: ~0.4 µs an answer); the two cross near here (tools/bench_hotpath.py's publish
+# rows, BENCHMARKS.md wave 34)
+ANSWER_COLUMNS_MIN = 24
+_ANSWER_COLUMNS = ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns")  # what an answer echoes of a request
 
 
 class _Batch:
@@ -115,6 +126,9 @@ class Stepper:
         self.frames = 0  # frames ingested since start
         self.last_batch = 0
         self._service_recv: list[int] = []  # receive times of events decided since the last flush
+        self._service_recv_cols: list[np.ndarray] = []  # ... of those answered as columns
+        self.answer_columns_min = ANSWER_COLUMNS_MIN
+        self._ids_u32 = np.array(instrument_ids, dtype=np.uint32)  # slot -> instrument id, as the wire's type
         self._t_collect = 0
         if engine.reads_ring_in_flight:
             ingester.before_rows = self.make_room
@@ -229,16 +243,51 @@ class Stepper:
             self._answer_one(rids[0], b.t_submit, t, float(scores[0]), int(actions[0]))
             return
         sched = self.sched
-        g = itemgetter(*rids)
-        cols = g(sched.r_slot), g(sched.r_seq), g(sched.r_nconf), g(sched.r_send_epoch_ns), g(sched.r_recv_ns)
-        stales = g(sched.r_stale)
-        oldest = self._answer_step(b.t_submit, cols, stales, scores, actions)
+        if len(rids) >= self.answer_columns_min:
+            oldest = self._answer_columns(b.t_submit, rids, scores, actions)
+        else:
+            oldest = self._answer_rows(b.t_submit, rids, scores, actions)
         self.bufs["step"].values.append(t - b.t_submit)
         if oldest and sched.adaptive is not None:
             sched.adaptive.observe_batch(t - oldest)
         sched.release_many(rids)
         if not self._t_collect:
             self._t_collect = t
+
+    def _answer_rows(self, t_submit: int, rids: list[int], scores, actions) -> int:
+        """Answer a step of several requests from Python tuples of the scheduler's columns (a small
+        step: `_answer_step`). Returns the oldest decided event's receive time (0: none decided)."""
+        sched = self.sched
+        g = itemgetter(*rids)
+        cols = g(sched.r_slot), g(sched.r_seq), g(sched.r_nconf), g(sched.r_send_epoch_ns), g(sched.r_recv_ns)
+        return self._answer_step(t_submit, cols, g(sched.r_stale), scores, actions)
+
+    def _answer_columns(self, t_submit: int, rids: list[int], scores, actions) -> int:
+        """`_answer_rows` for a large step (ANSWER_COLUMNS_MIN): the scheduler's numpy columns
+        gathered by request id, one fancy index each whatever the step's size, and the answers and
+        stage samples taken in as bytes (no Python int per answer). A step holding stale rows (a
+        sequential model's, applied with their decisions withheld) goes the tuple way. Returns
+        the oldest decided event's receive time where an adaptive wait wants it (else 0)."""
+        stale, slots, seqs, nconfs, sends, recv = self._request_columns(rids, "stale", *_ANSWER_COLUMNS)
+        if np.count_nonzero(stale):
+            return self._answer_rows(t_submit, rids, scores, actions)
+        ts_recv = recv + self.clock.offset_ns
+        self.egress.answers.add_decided(self._ids_u32[slots], seqs, nconfs, sends, ts_recv, scores, actions)
+        self.acct.decided += len(recv)
+        self._service_recv_cols.append(recv)
+        bufs = self.bufs
+        bufs["queue"].values.frombytes((t_submit - recv).tobytes())
+        wire = ts_recv - sends
+        if np.count_nonzero(sends) < len(sends):  # an event without a send time has no wire sample
+            wire = wire[sends != 0]
+        bufs["wire"].values.frombytes(wire.tobytes())
+        return int(recv.min()) if self.sched.adaptive is not None else 0
+
+    def _request_columns(self, rids: list[int], *names: str) -> list[np.ndarray]:
+        """The scheduler's request columns `names` at `rids`, as numpy arrays (one fancy index each)."""
+        r = self.sched.request_columns
+        idx = np.fromiter(rids, np.intp, len(rids))
+        return [r[name][idx] for name in names]
 
     def _answer_step(self, t_submit: int, cols: tuple, stales: tuple, scores, actions) -> int:
         """Answer a step of several requests (the scheduler's columns picked by request id) and
@@ -306,7 +355,11 @@ class Stepper:
     def answer_shed(self, rids: list[int], reason: int) -> None:
         sched = self.sched
         self.acct.shed_some(reason, len(rids))
-        if self.publish_shed and rids:
+        if self.publish_shed and len(rids) >= self.answer_columns_min:  # as `_answer_columns`
+            slots, seqs, nconfs, sends, recvs = self._request_columns(rids, *_ANSWER_COLUMNS)
+            self.egress.answers.add_shed(self._ids_u32[slots], seqs, reason, nconfs, sends,
+                                         recvs + self.clock.offset_ns)
+        elif self.publish_shed and rids:
             offset, ids = self.clock.offset_ns, self.ids
             slots, seqs, nconfs, sends, recvs = (
                 [col[r] for r in rids] for col in (sched.r_slot, sched.r_seq, sched.r_nconf, sched.r_send_epoch_ns,
@@ -325,6 +378,11 @@ class Stepper:
         if self._service_recv:
             self.bufs["service"].values.fromlist([t_sent - r for r in self._service_recv])
             self._service_recv.clear()
+        if self._service_recv_cols:
+            values = self.bufs["service"].values
+            for recv in self._service_recv_cols:
+                values.frombytes((t_sent - recv).tobytes())
+            self._service_recv_cols.clear()
         if self._t_collect:
             self.bufs["publish"].add(t_sent - self._t_collect)
             self._t_collect = 0

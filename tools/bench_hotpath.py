@@ -24,8 +24,10 @@ Rows (median of --reps repetitions):
   ingest, EventBatch   the same over EventBatch frames of 16 / 64 / 256 events (with --baseline too)
   ... parts            recv pair, + RCVMORE, decode, the book check (big-int per event; numpy per
                        burst), field reads
-  publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 64
-                       requests, egress.mode batch (one DecisionBatch) and per_instrument
+  publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 32 / 64
+                       requests, egress.mode batch (one DecisionBatch) and per_instrument; in batch
+                       mode, steps of 32 and 64 also answered from tuples (the path below
+                       stepper.ANSWER_COLUMNS_MIN), for the ratio
   idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
   fold                 StageHistograms.fold_some of one chunk (4096 samples), per chunk
   one event per cycle  --low-rate N events, each sent after >= 100 µs of the loop's idle path (as at
@@ -594,9 +596,16 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
     for mode in ("batch", "per_instrument"):
         rig = Rig([f"egress.mode={mode}"])
         try:
-            for b in (1, 8, 64):
+            for b in (1, 8, 32, 64):
                 rows.append((f"publish, step of {b}, egress {mode}", publish_ns_per_decision(rig, b, a.reps),
                              "ns/decision"))
+            if mode == "batch":  # the same steps answered from tuples (the path below ANSWER_COLUMNS_MIN)
+                step = rig.svc.step
+                own, step.answer_columns_min = step.answer_columns_min, 1 << 30
+                for b in (32, 64):
+                    rows.append((f"  step of {b}, answered from tuples", publish_ns_per_decision(rig, b, a.reps),
+                                 "ns/decision"))
+                step.answer_columns_min = own
         finally:
             rig.close()
     rows += [(n, v, "ns") for n, v in misc(a.reps)]

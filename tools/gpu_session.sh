@@ -127,6 +127,9 @@
 #                                          # cycle by parts (graph, persistent); issue 19's runs at 10k (~430 s)
 #   tools/gpu_session.sh wave34a           # GPU tests; scaling 1 -> 4 at 200k a shard (a single shard saturated),
 #                                          # twice; issue 19's 10k runs over both transports (~360 s)
+#   tools/gpu_session.sh wave35a           # GPU tests; the hot path's burst and publish rows (large steps answered
+#                                          # from numpy columns and from tuples); issue 19's 10k runs; scaling
+#                                          # 1 -> 4 at 200k a shard (~420 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1723,6 +1726,17 @@ elif [ "$phase" = wave34a ]; then
   shm_10k
   summarize
   verbatim gpu_tests scal200 scal200b shm
+elif [ "$phase" = wave35a ]; then
+  # landing Stepper._answer_columns (a step of stepper.ANSWER_COLUMNS_MIN requests or more answered from the
+  # scheduler's numpy columns): the GPU tests first; bench_hotpath's burst rows (publish per decision, steps of
+  # 32 and 64 also answered from tuples: the ratio); then what wave34a was for: issue 19's 10k runs over both
+  # transports, and a second clean scaling figure (200k a shard: a single shard saturated)
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step hotpath 120 taskset -c 5 $PY tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 --json "$WORK/hotpath.json"
+  shm_10k
+  scaling_pair scal200 200000
+  summarize
+  verbatim gpu_tests hotpath shm scal200
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"

@@ -1,6 +1,7 @@
 """A finished step's answers and stage samples are the same whether the step held one request
-(Stepper._answer_one, the low-rate path) or many (Stepper._answer_step, columns), for decided and
-for stale rows; and the Answers columns the egress packs hold what was added, by every method."""
+(Stepper._answer_one, the low-rate path) or many (Stepper._answer_step over tuples of the
+scheduler's columns; Stepper._answer_columns over its numpy columns, for a large step), for decided
+and for stale rows; and the Answers columns the egress packs hold what was added, by every method."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _feed(svc: Service, slots: list[int], stale_slots: frozenset = frozenset()) 
 def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple], dict[str, list[int]], int]:
     """Step the fed requests (batches as the scheduler forms them), answer them; returns the
     answers and the queue and wire samples (ts_recv and wire less the service's clock offset:
-    each service reads its own) and the number of step samples."""
+    each service reads its own) and the number of step samples. Checks that the flush records
+    one `service` sample per decided event."""
     step = svc.step
     while svc.sched.queued_slots:
         n = svc.sched.form_batch(t_submit_at, force=True)
@@ -54,22 +56,31 @@ def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple],
     answers = sorted(a[:8] + (a[8] - offset,) for a in zip(*svc.egress.answers.columns()))
     bufs = svc.stages.buffers
     samples = {"queue": sorted(bufs["queue"].values), "wire": sorted(w - offset for w in bufs["wire"].values)}
-    return answers, samples, len(bufs["step"].values)
+    columns_answered = len(step._service_recv_cols)
+    assert len(bufs["service"].values) == 0
+    step.flush()
+    assert len(bufs["service"].values) == svc.acct.decided and not step._service_recv_cols
+    return answers, samples, len(bufs["step"].values), columns_answered
 
 
+@pytest.mark.parametrize("columns", [False, True], ids=["tuples", "numpy-columns"])
 @pytest.mark.parametrize("stale", [False, True, "mixed"])
-def test_a_step_of_one_answers_as_a_step_of_many(make_service, stale):
+def test_a_step_of_one_answers_as_a_step_of_many(make_service, stale, columns):
     overrides = ['scheduler.conflate="off"'] + (["scheduler.max_age_us=1"] if stale is True else [])
     slots = list(range(N_SLOTS))
     one = make_service(*overrides, "scheduler.max_batch=1", "runner.buckets=[1]")
     many = make_service(*overrides)
+    assert N_SLOTS < many.step.answer_columns_min  # by default a step this small goes the tuple way
+    if columns:  # ... made to take the numpy columns' (a step with stale rows still goes the tuple way)
+        many.step.answer_columns_min = 2
     t_submit = 1_000_000 + 1000 * N_SLOTS + (10_000_000 if stale is True else 0)  # stale: 10 ms after receipt
     stale_slots = frozenset((1, 2, 4)) if stale == "mixed" else frozenset()  # 2: no send time either
     for svc in (one, many):
         _feed(svc, slots, stale_slots)
-    got_one, samples_one, steps_one = _run(one, slots, t_submit)
-    got_many, samples_many, steps_many = _run(many, slots, t_submit)
+    got_one, samples_one, steps_one, _ = _run(one, slots, t_submit)
+    got_many, samples_many, steps_many, columns_steps = _run(many, slots, t_submit)
     assert steps_one == N_SLOTS and steps_many < N_SLOTS  # the two paths ran
+    assert (columns_steps > 0) == (columns and not stale)  # ... and the many's the one meant
     assert len(got_one) == len(got_many) == N_SLOTS
     for a, b in zip(got_one, got_many):
         assert a[:5] == b[:5] and a[6:] == b[6:]  # instrument, seq, status, reason, action; nconf, times
@@ -134,3 +145,28 @@ def test_every_way_into_the_answer_columns_holds_the_same_values():
                               for r in expected]
     shed.clear()
     assert len(shed) == 0 and all(len(c) == 0 for c in shed.columns())
+
+
+def test_shed_requests_answer_alike_as_tuples_and_as_numpy_columns(make_service):
+    """Stepper.answer_shed (requests shed unstepped: stale at pick, a drain out of time, an engine
+    failure) answers from tuples below answer_columns_min and from numpy columns at or above it:
+    the same answers, the requests released and counted either way."""
+    slots = list(range(N_SLOTS))
+    got = []
+    for columns_min in (10**9, 2):
+        svc = make_service('scheduler.conflate="off"')
+        svc.step.answer_columns_min = columns_min
+        _feed(svc, slots)
+        n = svc.sched.form_batch(2_000_000, force=True)
+        rids = svc.sched.batch_rids[:n]
+        live = svc.sched.live_requests()
+        svc.step.answer_shed(rids, int(Reason.ENGINE_FAILURE))
+        assert svc.sched.live_requests() == live - n
+        assert svc.acct.by_reason[int(Reason.ENGINE_FAILURE)] == n == N_SLOTS
+        offset = svc.clock.offset_ns
+        got.append(sorted(a[:8] + (a[8] - offset,) for a in zip(*svc.egress.answers.columns())))
+    assert got[0] == got[1]
+    slot_of = {inst: s for s, inst in enumerate(svc.instrument_ids)}
+    assert [(slot_of[a[0]], a[1], a[2], a[3], a[8]) for a in got[1]] == [
+        (s, 100 + s, int(Outcome.SHED), int(Reason.ENGINE_FAILURE), 1_000_000 + 1000 * s) for s in slots]
+    assert [a[7] for a in got[1]] == [0 if s == 2 else 1_780_000_000_000_000_000 + s for s in slots]
