@@ -193,7 +193,8 @@ class Egress:
         self.model_version = model_version
         self._topics = {i: topic_for(i) for i in instrument_ids}
         self._encoder = ReusableEncoder()
-        self._frames: dict[int, tuple[bytes, bytes, tuple[bytes, ...]]] = {}
+        # DecisionBatch frames' parts by size: framing bytes and the answers' columns (batch_bytes)
+        self._frames: dict[int, list] = {}
         self.answers = Answers()
         self.sent = 0  # frames sent
         self.dropped = 0  # frames not sent (a subscriber's pipe was full)
@@ -215,22 +216,22 @@ class Egress:
 
     def batch_bytes(self, ts_decision_ns: int) -> bytes:
         """The pending answers as the bytes of one DecisionBatch frame (does not clear them): the
-        cached framing of this batch size (_frame_template) joined with the columns' buffers. A
+        framing of this batch size (_frame_template) and the columns' buffers, in a list cached per
+        size (the columns are cleared and refilled in place), joined with the timestamp. A
         timestamp outside msgpack's uint 64 form, or a big-endian host, goes through msgspec."""
         cols = self.answers.columns()
         n = len(cols[0])
         if not _U32_MAX < ts_decision_ns < 1 << 64 or not _LITTLE_ENDIAN:
             return bytes(self._encoder.encode(self.batch_frame(ts_decision_ns)))
-        frame = self._frames.get(n)
-        if frame is None:
-            frame = _frame_template(n, self.model_version)
+        parts = self._frames.get(n)
+        if parts is None:  # the frame's parts with the answer columns themselves, cleared and refilled in place
+            before_ts, after_ts, heads = _frame_template(n, self.model_version)
+            parts = [before_ts, b"", after_ts]
+            for head, col in zip(heads, cols):
+                parts += (head, col)
             if len(self._frames) < 4096:  # sizes seen (a flush of sheds can be large): bounded
-                self._frames[n] = frame
-        before_ts, after_ts, heads = frame
-        parts = [before_ts, ts_decision_ns.to_bytes(8, "big"), after_ts]
-        for head, col in zip(heads, cols):
-            parts.append(head)
-            parts.append(col)
+                self._frames[n] = parts
+        parts[1] = ts_decision_ns.to_bytes(8, "big")
         return b"".join(parts)
 
     def batch_frame(self, ts_decision_ns: int) -> DecisionBatch:

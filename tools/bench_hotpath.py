@@ -24,7 +24,9 @@ Rows (median of --reps repetitions):
   ingest, EventBatch   the same over EventBatch frames of 16 / 64 / 256 events (with --baseline too)
   ... parts            recv pair, + RCVMORE, decode, the book check (big-int per event; numpy per
                        burst), field reads
-  publish              Stepper.complete + flush per decision, for a finished step of 1 / 8 / 32 / 64
+  publish              Stepper.complete + flush per decision (thread CPU time, and wall clock: what
+                       else ran on the core, libzmq's I/O thread under taskset -c K, lands in the
+                       latter), for a finished step of 1 / 8 / 32 / 64
                        requests, egress.mode batch (one DecisionBatch) and per_instrument; in batch
                        mode, steps of 32 and 64 also answered from tuples (the path below
                        stepper.ANSWER_COLUMNS_MIN), for the ratio
@@ -241,10 +243,15 @@ def ingest_ns_per_event(rigs: list[Rig], frames, reps: int, events: int | None =
     return [statistics.median(o) for o in out]
 
 
-def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
-    """Service._complete + _flush for a finished step of `batch` requests (queued directly)."""
+def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> tuple[float, float, float]:
+    """Stepper.complete + flush for a finished step of `batch` requests (queued directly): the
+    median thread CPU time and wall time per decision, and the CPU time of the flush alone (the
+    frame's join and send) per step. The CPU time is the loop thread's own cost
+    (as the ingest rows'); the wall time also holds whatever ran on its core meanwhile -- under
+    `taskset -c K`, libzmq's I/O thread, woken by each send to move the frame on, which the
+    service places on a helper core of its own (pinning.zmq_io_affinity)."""
     svc = rig.svc
-    out = []
+    out, wall, flush = [], [], []
     for _ in range(reps * 20):
         rig.reset()
         now = time.perf_counter_ns()
@@ -259,11 +266,15 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> float:
         svc.step.inflight.append(_Batch(rids, time.perf_counter_ns(), 0))
         while not svc.engine.poll():  # a GPU step: wait for it outside the timed part
             pass
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         svc.step.complete()
+        c1 = time.thread_time_ns()
         svc.step.flush()
-        out.append((time.perf_counter_ns() - t0) / n)
-    return statistics.median(out)
+        c2, t1 = time.thread_time_ns(), time.perf_counter_ns()
+        out.append((c2 - c0) / n)
+        wall.append((t1 - t0) / n)
+        flush.append(c2 - c1)
+    return statistics.median(out), statistics.median(wall), statistics.median(flush)
 
 
 class _PartTimer:
@@ -597,14 +608,17 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
         rig = Rig([f"egress.mode={mode}"])
         try:
             for b in (1, 8, 32, 64):
-                rows.append((f"publish, step of {b}, egress {mode}", publish_ns_per_decision(rig, b, a.reps),
-                             "ns/decision"))
+                cpu, wall, flush = publish_ns_per_decision(rig, b, a.reps)
+                rows.append((f"publish, step of {b}, egress {mode}", cpu, "ns/decision"))
+                rows.append(("  wall clock", wall, "ns/decision"))
+                rows.append(("  of which the flush (frames joined and sent)", flush, "ns/step"))
             if mode == "batch":  # the same steps answered from tuples (the path below ANSWER_COLUMNS_MIN)
                 step = rig.svc.step
                 own, step.answer_columns_min = step.answer_columns_min, 1 << 30
                 for b in (32, 64):
-                    rows.append((f"  step of {b}, answered from tuples", publish_ns_per_decision(rig, b, a.reps),
-                                 "ns/decision"))
+                    cpu, wall, _ = publish_ns_per_decision(rig, b, a.reps)
+                    rows.append((f"  step of {b}, answered from tuples", cpu, "ns/decision"))
+                    rows.append(("  wall clock", wall, "ns/decision"))
                 step.answer_columns_min = own
         finally:
             rig.close()

@@ -130,6 +130,8 @@
 #   tools/gpu_session.sh wave35a           # GPU tests; the hot path's burst and publish rows (large steps answered
 #                                          # from numpy columns and from tuples); issue 19's 10k runs; scaling
 #                                          # 1 -> 4 at 200k a shard (~420 s)
+#   tools/gpu_session.sh wave35b           # GPU tests; the hot path's rows (publish in thread CPU time and wall
+#                                          # clock); issue 19's 100k runs; scaling 1 -> 4 at 300k a shard (~330 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1737,6 +1739,19 @@ elif [ "$phase" = wave35a ]; then
   scaling_pair scal200 200000
   summarize
   verbatim gpu_tests hotpath shm scal200
+elif [ "$phase" = wave35b ]; then
+  # wave35a's publish rows were wall clock under taskset -c 5, where libzmq's I/O thread shares the loop's core
+  # (the service gives it a helper core): bench_hotpath now also reports the loop thread's CPU time, and the
+  # flush alone. Egress.batch_bytes caches each size's parts. Then issue 19's runs at 100k (wave35a's budget
+  # ended before them) and scaling at 300k a shard (wave35a's single shard kept up with 200k)
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step hotpath 120 taskset -c 5 $PY tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 --json "$WORK/hotpath.json"
+  [ -f tools/bench_shm.sh ] && step shm100k 100 env BUDGET_S=95 RUNS="floor persistent auto" RATES=100000 \
+       ORDER="floor:iceoryx2:100000 persistent:iceoryx2:100000 persistent:zmq:100000 auto:iceoryx2:100000 \
+       auto:zmq:100000" bash tools/bench_shm.sh "$WORK/shm100k"
+  scaling_pair scal300 300000
+  summarize
+  verbatim gpu_tests hotpath shm100k scal300
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"

@@ -53,6 +53,20 @@ def test_sizes_that_change_the_bin_headers_and_the_count_form():
         assert doc[1:4] == [ts, eg.model_version, n] and len(doc[4]) == 4 * n and len(doc[5]) == 8 * n
 
 
+def test_a_size_seen_before_packs_the_new_answers_and_timestamp():
+    """batch_bytes caches each size's parts with the answer columns in them (cleared and refilled in
+    place between flushes): a later flush of the same size must carry its own values."""
+    eg = _egress()
+    frames = set()
+    for k in range(3):
+        ts = 1_780_000_000_000_000_000 + k
+        _fill(eg, [(k, 10 * k + i, 1, k, 1, k / 4, k, ts - i, ts - k) for i in range(5)])
+        frame = eg.batch_bytes(ts)
+        assert frame == msgspec.msgpack.encode(eg.batch_frame(ts)), k
+        frames.add(frame)
+    assert len(frames) == 3
+
+
 def test_cold_cases_take_msgspecs_path_with_the_same_result():
     eg = _egress()
     base = (1, 2, 0, 0, 1, 0.5, 0, 3, 4)
