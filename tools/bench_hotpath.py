@@ -28,8 +28,9 @@ Rows (median of --reps repetitions):
                        else ran on the core, libzmq's I/O thread under taskset -c K, lands in the
                        latter), for a finished step of 1 / 8 / 32 / 64
                        requests, egress.mode batch (one DecisionBatch) and per_instrument; in batch
-                       mode, steps of 32 and 64 also answered from tuples (the path below
-                       stepper.ANSWER_COLUMNS_MIN), for the ratio
+                       mode, each step also answered from numpy columns and from tuples
+                       (stepper.ANSWER_COLUMNS_MIN forced each way), for the crossover;
+                       --publish-sizes sets the steps, --only-publish skips every other row
   idle iteration       an ingest poll on an empty socket (EVENTS check) and asyncio.sleep(0)
   fold                 StageHistograms.fold_some of one chunk (4096 samples), per chunk
   one event per cycle  --low-rate N events, each sent after >= 100 µs of the loop's idle path (as at
@@ -544,17 +545,23 @@ def main() -> None:
                          "methods wrapped: run_parts)")
     ap.add_argument("--conflating", action="store_true",
                     help="--run-sizes: the default (conflating) model instead of a sequential one")
+    ap.add_argument("--publish-sizes", default="1,8,32,64", metavar="N,N,...",
+                    help="the publish rows' step sizes (default 1,8,32,64); in batch mode each size of 2 or more "
+                         "also answered from numpy columns and from tuples, for the crossover")
+    ap.add_argument("--only-publish", action="store_true", help="the publish rows only")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     rows: list[tuple[str, float, str]] = []
     base_cls = load_baseline(a.baseline) if a.baseline else None
     if a.run_sizes:
         rows += run_size_rows(a)
+    elif a.only_publish:
+        rows += publish_rows(a)
     elif not a.only_low_rate:
         rows += burst_rows(a, base_cls)
-    if not a.run_sizes:
+    if not a.run_sizes and not a.only_publish:
         rows += low_rate_rows(a)
-    print(table(["phase", "cost", "unit"], rows, digits=2 if base_cls else 0))
+    print(table(["phase", "cost", "unit"], rows, digits=2 if any(u == "x" for _, _, u in rows) else 0))
     if a.json:
         write_json(a.json, {"n": a.n, "baseline": a.baseline,
                             "rows": [{"phase": n, "value": v, "unit": u} for n, v, u in rows]})
@@ -604,25 +611,42 @@ def burst_rows(a, base_cls) -> list[tuple[str, float, str]]:
                 rig.close()
     rows += [(f"  part: {n}", v, "ns/event") for n, v in recv_parts(min(a.n, 20000), a.reps)]
     rows += [(f"  part: {n}", v, "ns/event") for n, v in parts(frames[:20000], a.reps)]
+    rows += publish_rows(a)
+    rows += [(n, v, "ns") for n, v in misc(a.reps)]
+    return rows
+
+
+def publish_rows(a) -> list[tuple[str, float, str]]:
+    """Publish per decision for steps of --publish-sizes, both egress modes; in batch mode each
+    size of 2 or more also answered both ways, from numpy columns and from tuples
+    (stepper.ANSWER_COLUMNS_MIN forced each way), alternated, and their ratio: the crossover."""
+    rows: list[tuple[str, float, str]] = []
+    sizes = [int(x) for x in a.publish_sizes.split(",")]
     for mode in ("batch", "per_instrument"):
         rig = Rig([f"egress.mode={mode}"])
         try:
-            for b in (1, 8, 32, 64):
+            for b in sizes:
                 cpu, wall, flush = publish_ns_per_decision(rig, b, a.reps)
                 rows.append((f"publish, step of {b}, egress {mode}", cpu, "ns/decision"))
                 rows.append(("  wall clock", wall, "ns/decision"))
                 rows.append(("  of which the flush (frames joined and sent)", flush, "ns/step"))
-            if mode == "batch":  # the same steps answered from tuples (the path below ANSWER_COLUMNS_MIN)
-                step = rig.svc.step
-                own, step.answer_columns_min = step.answer_columns_min, 1 << 30
-                for b in (32, 64):
-                    cpu, wall, _ = publish_ns_per_decision(rig, b, a.reps)
-                    rows.append((f"  step of {b}, answered from tuples", cpu, "ns/decision"))
-                    rows.append(("  wall clock", wall, "ns/decision"))
+            if mode != "batch":
+                continue
+            step = rig.svc.step
+            own = step.answer_columns_min
+            for b in (b for b in sizes if b > 1):
+                got = {"numpy columns": [], "tuples": []}
+                for _ in range(2):
+                    for path, columns_min in (("numpy columns", 2), ("tuples", 1 << 30)):
+                        step.answer_columns_min = columns_min
+                        got[path].append(publish_ns_per_decision(rig, b, a.reps)[0])
                 step.answer_columns_min = own
+                cols, tups = statistics.median(got["numpy columns"]), statistics.median(got["tuples"])
+                rows.append((f"  step of {b}, answered from numpy columns", cols, "ns/decision"))
+                rows.append((f"  step of {b}, answered from tuples", tups, "ns/decision"))
+                rows.append(("  columns / tuples", cols / tups, "x"))
         finally:
             rig.close()
-    rows += [(n, v, "ns") for n, v in misc(a.reps)]
     return rows
 
 

@@ -132,6 +132,8 @@
 #                                          # 1 -> 4 at 200k a shard (~420 s)
 #   tools/gpu_session.sh wave35b           # GPU tests; the hot path's rows (publish in thread CPU time and wall
 #                                          # clock); issue 19's 100k runs; scaling 1 -> 4 at 300k a shard (~330 s)
+#   tools/gpu_session.sh wave35c           # a launch's host cost, torch against ctypes (bench_launch); the publish
+#                                          # crossover of numpy columns and tuples, steps of 16-96 (~90 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1752,6 +1754,14 @@ elif [ "$phase" = wave35b ]; then
   scaling_pair scal300 300000
   summarize
   verbatim gpu_tests hotpath shm100k scal300
+elif [ "$phase" = wave35c ]; then
+  # what a submit's CUDA graph replay costs the host through torch and through libcudart directly (ctypes), and
+  # where answering a step from numpy columns starts to pay on this host (wave35b: not yet at 32, 0.86x at 64)
+  step launch 60 taskset -c 5 $PY tools/bench_launch.py --n 20000 --json "$WORK/launch.json"
+  step publish 90 taskset -c 5 $PY tools/bench_hotpath.py --only-publish --publish-sizes 1,16,24,32,48,64,96 \
+       --reps 3 --json "$WORK/publish.json"
+  summarize
+  verbatim launch publish
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
