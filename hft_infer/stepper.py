@@ -85,9 +85,10 @@ DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
 STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 # A step of at least this many requests is answered from the scheduler's numpy columns
 # (Stepper._answer_columns: ~20 numpy calls, a fixed cost) rather than from Python tuples of them
-# (_answer_step: ~0.4 µs an answer); the two cross near here (tools/bench_hotpath.py's publish
-# rows, BENCHMARKS.md wave 34)
-ANSWER_COLUMNS_MIN = 24
+# (_answer_step: ~0.4 µs an answer). Where the two cross depends on the host (`bench_hotpath.py
+# --only-publish`, BENCHMARKS.md wave 35): ~46 on an H100 host (columns 1.10x at 32, 0.98x at 48,
+# 0.89x at 64), ~23 on the dev VM; set for the GPU hosts the service is deployed on
+ANSWER_COLUMNS_MIN = 48
 _ANSWER_COLUMNS = ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns")  # what an answer echoes of a request
 
 

@@ -134,6 +134,7 @@
 #                                          # clock); issue 19's 100k runs; scaling 1 -> 4 at 300k a shard (~330 s)
 #   tools/gpu_session.sh wave35c           # a launch's host cost, torch against ctypes (bench_launch); the publish
 #                                          # crossover of numpy columns and tuples, steps of 16-96 (~90 s)
+#   tools/gpu_session.sh wave35d           # GPU tests; publish rows at steps of 1, 32, 48, 64 (~130 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1762,6 +1763,13 @@ elif [ "$phase" = wave35c ]; then
        --reps 3 --json "$WORK/publish.json"
   summarize
   verbatim launch publish
+elif [ "$phase" = wave35d ]; then
+  # landing stepper.ANSWER_COLUMNS_MIN = 48 (wave35c's crossover on the GPU host): the GPU tests, the publish rows
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step publish 60 taskset -c 5 $PY tools/bench_hotpath.py --only-publish --publish-sizes 1,32,48,64 --reps 3 \
+       --json "$WORK/publish.json"
+  summarize
+  verbatim gpu_tests publish
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
