@@ -135,6 +135,9 @@
 #   tools/gpu_session.sh wave35c           # a launch's host cost, torch against ctypes (bench_launch); the publish
 #                                          # crossover of numpy columns and tuples, steps of 16-96 (~90 s)
 #   tools/gpu_session.sh wave35d           # GPU tests; publish rows at steps of 1, 32, 48, 64 (~130 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave36a # GPU tests; this tree against BASE_TGZ's: the one-event cycle (graph
+#                                          # engine, lstm_a, by parts), then 11 chained tf32 shards at 1.012M
+#                                          # alternated twice (~470 s; each step skipped past BUDGET_S)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1770,6 +1773,22 @@ elif [ "$phase" = wave35d ]; then
        --json "$WORK/publish.json"
   summarize
   verbatim gpu_tests publish
+elif [ "$phase" = wave36a ]; then
+  # a change to the step's host side judged against BASE_TGZ's tree (built for branch next/cudart-launch, graphs
+  # launched through libcudart, against main): the GPU tests first (a landing from this call), the one-event
+  # cycle by parts on the graph engine (its submit holds the launch), then 11 chained tf32 shards at 1.012M, base
+  # and new alternated twice
+  setup_base
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  hotpath_pair cycle 60 --only-low-rate --cycle-parts --engine graph --low-rate 3000 --n 3000 --reps 1
+  for k in 1 2; do
+    for who in base new; do
+      py=$PY; [ "$who" = base ] && py="$base/py"
+      PY="$py" shards11 "shards11_${who}$k" 70 92000 tf32 runner.chain_steps=true
+    done
+  done
+  summarize
+  verbatim gpu_tests new_cycle base_cycle shards11_base1 shards11_new1 shards11_base2 shards11_new2
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
