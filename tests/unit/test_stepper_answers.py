@@ -37,11 +37,11 @@ def _feed(svc: Service, slots: list[int], stale_slots: frozenset = frozenset()) 
         svc.sched.push(slot, svc.window - 1, 100 + slot, 0, recv, recv, send, slot in stale_slots)
 
 
-def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple], dict[str, list[int]], int]:
+def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple], dict[str, list[int]], int, int]:
     """Step the fed requests (batches as the scheduler forms them), answer them; returns the
-    answers and the queue and wire samples (ts_recv and wire less the service's clock offset:
-    each service reads its own) and the number of step samples. Checks that the flush records
-    one `service` sample per decided event."""
+    answers, the queue and wire samples (ts_recv and wire less the service's clock offset:
+    each service reads its own), the number of step samples and of steps answered from numpy
+    columns. Checks that the flush records one `service` sample per decided event."""
     step = svc.step
     while svc.sched.queued_slots:
         n = svc.sched.form_batch(t_submit_at, force=True)
