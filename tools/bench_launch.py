@@ -101,7 +101,6 @@ def main() -> int:
     exec_handle = ctypes.c_void_p(g.raw_cuda_graph_exec())
     exec10 = ctypes.c_void_p(g10.raw_cuda_graph_exec())
     ev = torch.cuda.Event()
-    ev_handle = ctypes.c_void_p(ev.cuda_event) if hasattr(ev, "cuda_event") else None
     drain = stream.synchronize
     H2D = 1  # cudaMemcpyHostToDevice
     req_args = (ctypes.c_void_p(dev_req.data_ptr()), ctypes.c_void_p(host_req.data_ptr()), host_req.nbytes, H2D,
@@ -117,10 +116,9 @@ def main() -> int:
         dev_req.copy_(host_req, non_blocking=True)
         dev_hdr.copy_(host_hdr, non_blocking=True)
 
-    ev.record(stream)  # created lazily by torch: its handle exists from the first record
+    ev.record(stream)  # torch creates the CUDA event at its first record: its handle exists from here
     ev.synchronize()
-    if ev_handle is None or not ev_handle.value:
-        ev_handle = ctypes.c_void_p(ev.cuda_event)
+    ev_handle = ctypes.c_void_p(ev.cuda_event)
     cases = [
         ("graph replay, torch", g.replay),
         ("graph launch, ctypes", lambda: cudart.cudaGraphLaunch(exec_handle, s_handle)),
