@@ -76,6 +76,7 @@ import triton
 import triton.language as tl
 
 from hft_infer.kernels.common import OUT_COLS, interpreting
+from hft_infer.kernels.launch import graph_launcher
 
 KIND_STEP, KIND_RESET = 0, 1
 """Request kinds: a model step over slots[:n] at positions[:n]; zero the state of slots[:n]."""
@@ -202,6 +203,7 @@ class RequestRing:
         self._bucket_of = [0] + [next(i for i, b in enumerate(buckets) if b >= n) for n in range(1, mb + 1)]
         self._copy_bytes = [self._ids_bytes + b * rb for b in buckets]
         self._graphs: list[list] | None = None  # [slot][bucket index], captured by prepare()
+        self._launchers: list[list] | None = None  # graph_launcher of each, on prepare()'s current stream
         self._copied = None  # fenced: one event per slot, recorded after its payload copy
         self.seq = 0  # requests submitted
 
@@ -255,9 +257,9 @@ class RequestRing:
         elif self._graphs is not None:
             if self.transport == "dma":
                 self._hdr_mv[k * LINE] = hdr
-                self._graphs[k][self._bucket_of[n]].replay()
+                self._launchers[k][self._bucket_of[n]]()
             else:  # fenced: the header only once the payload copy has completed
-                self._graphs[k][self._bucket_of[n]].replay()
+                self._launchers[k][self._bucket_of[n]]()
                 ev = self._copied[k]
                 ev.record()
                 while not ev.query():
@@ -330,6 +332,9 @@ class RequestRing:
         if self.transport == "fenced":
             self._copied = [torch.cuda.Event() for _ in range(self.n_requests)]
         self._graphs = graphs
+        # launched on the stream current now, as replay() would at submit (the engine never changes it)
+        current = torch.cuda.current_stream(self.device)
+        self._launchers = [[graph_launcher(g, current) for g in row] for row in graphs]
 
     def raise_stop(self) -> None:
         """The stop flag, to the device copy the kernel polls: it serves what was submitted

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hft_infer.kernels.common import OUT_COLS
+from hft_infer.kernels.launch import GraphLaunchError, graph_launcher
 from hft_infer.runner.base import Engine, EngineFailure
 
 __all__ = ["EngineFailure", "GraphEngine", "KernelStep", "PersistentEngine"]
@@ -209,6 +210,7 @@ class GraphEngine(_GpuEngine):
         self._out_np = [o.numpy() for o in self._out]
         self._events = [torch.cuda.Event() for _ in range(k)]
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._launchers: dict[tuple[int, int], object] = {}  # graph_launcher of each graph (capture)
         self._captured = False
         self.check_addresses = check_addresses
         self._addresses = None
@@ -251,13 +253,17 @@ class GraphEngine(_GpuEngine):
         self.stream.synchronize()
         self._captured = True
         self._addresses = self._graph_inputs()
+        self._launchers = {key: graph_launcher(g, self._replay_stream) for key, g in self.graphs.items()}
 
     def _launch(self, i: int, n: int) -> None:
         b = self.pad(i, n)
         self.staging.gather(i, b)
         if self.check_addresses and self._graph_inputs() != self._addresses:
             raise EngineFailure("a CUDA graph input moved since capture")
-        self.graphs[(i, b)].replay()
+        try:
+            self._launchers[(i, b)]()  # the graph, replayed on _replay_stream (kernels/launch.py)
+        except GraphLaunchError as e:
+            raise EngineFailure(f"graph engine: {e}") from None
         self._events[i].record(self._replay_stream)
 
     def _done(self, i: int) -> bool:
@@ -351,7 +357,10 @@ class PersistentEngine(_GpuEngine):
             raise EngineFailure(f"request ring at slot {self.ring.next_slot} with {self.ring.in_flight} in "
                                 f"flight, engine at {i}")
         self._gather.gather(self._slots[i][:n], self._positions[i][:n], self._rows[i][:n])
-        self._seq[i] = self.ring.submit(n)
+        try:
+            self._seq[i] = self.ring.submit(n)
+        except GraphLaunchError as e:  # the request's copy graph did not launch
+            raise EngineFailure(f"persistent engine: {e}") from None
         self._submitted_ns[i] = time.perf_counter_ns()
 
     def _done(self, i: int) -> bool:

@@ -204,6 +204,47 @@ def test_graphs_cannot_be_captured_twice():
         rt.engine.capture()
 
 
+def test_the_engines_launch_their_graphs_through_libcudart_and_it_does_what_replay_does():
+    """kernels/launch.py: on a CUDA host the engines' graphs are launched by cudaGraphLaunch
+    through ctypes, not torch's replay; such a launch does the captured work on its stream.
+    (A CUDA error comes back as GraphLaunchError, which the engines make an EngineFailure: not
+    provoked here, since a launch on a bad handle may crash the process rather than fail.)"""
+    import torch
+
+    from hft_infer.kernels.launch import cudart, graph_launcher
+
+    assert cudart() is not None  # torch's libcudart is mapped: the engines take the direct launch
+    rt = _runtime("graph", "lstm_a")
+    assert all(f is not g.replay for f, g in zip(rt.engine._launchers.values(), rt.engine.graphs.values()))
+    src = torch.arange(64, dtype=torch.float32).pin_memory()
+    dst = torch.zeros(64, device="cuda")
+    stream = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        dst.copy_(src, non_blocking=True)
+        dst.mul_(2.0)
+    launch = graph_launcher(g, stream)
+    assert launch is not g.replay
+    torch.cuda.synchronize()  # dst's zeros, written on the default stream, are in place
+    src.fill_(3.0)
+    launch()
+    stream.synchronize()
+    assert dst.cpu().tolist() == [6.0] * 64
+    src.fill_(5.0)
+    for _ in range(3):  # launched again: the same graph, new inputs in the same place
+        launch()
+    stream.synchronize()
+    assert dst.cpu().tolist() == [10.0] * 64
+    # the persistent engine's request ring launches its copy graphs the same way
+    prt = _runtime("persistent", "lstm_a", self_check=False)
+    if not prt.engine.ready:
+        prt.engine.warm_up()
+    ring = prt.engine.ring
+    assert ring._launchers is not None
+    assert all(f is not g.replay for row_f, row_g in zip(ring._launchers, ring._graphs) for f, g in zip(row_f, row_g))
+    prt.engine.close()
+
+
 def test_persistent_engine_stops_and_its_watchdog_trips():
     from hft_infer.runner.gpu import EngineFailure
 
