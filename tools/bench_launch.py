@@ -36,18 +36,18 @@ from benchlib import table, write_json
 
 
 def _cudart() -> ctypes.CDLL:
-    """The libcudart torch loaded (its soname as mapped into this process)."""
-    with open("/proc/self/maps") as f:
-        paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
-    if not paths:
+    """The libcudart torch loaded (as the engines find it: kernels/launch.py), with the calls this
+    benchmark makes beyond the engines' typed too."""
+    from hft_infer.kernels.launch import cudart
+
+    lib = cudart()
+    if lib is None:
         raise SystemExit("bench_launch: libcudart is not mapped into this process (torch without CUDA?)")
-    lib = ctypes.CDLL(paths[0])
-    lib.cudaGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                     ctypes.c_void_p]
     lib.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.cudaEventQuery.argtypes = [ctypes.c_void_p]
-    for fn in (lib.cudaGraphLaunch, lib.cudaMemcpyAsync, lib.cudaEventRecord, lib.cudaEventQuery):
+    for fn in (lib.cudaMemcpyAsync, lib.cudaEventRecord, lib.cudaEventQuery):
         fn.restype = ctypes.c_int
     return lib
 
