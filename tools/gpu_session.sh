@@ -138,6 +138,8 @@
 #   BASE_TGZ=F tools/gpu_session.sh wave36a # GPU tests; this tree against BASE_TGZ's: the one-event cycle (graph
 #                                          # engine, lstm_a, by parts), then 11 chained tf32 shards at 1.012M
 #                                          # alternated twice (~470 s; each step skipped past BUDGET_S)
+#   tools/gpu_session.sh wave36b           # issue 12's throughput targets again: lstm_a (gpu.toml) at 200k for 10 s over
+#                                          # EventBatch frames, as shipped and chained; both goodput curves (~300 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1789,6 +1791,20 @@ elif [ "$phase" = wave36a ]; then
   done
   summarize
   verbatim gpu_tests new_cycle base_cycle shards11_base1 shards11_new1 shards11_base2 shards11_new2
+elif [ "$phase" = wave36b ]; then
+  # issue 12's throughput targets on this tree (BENCHMARKS' figures for them were wave 14's, on the H200 host):
+  # lstm_a sustained at 200k events/s for 10 s over EventBatch frames of up to 256 (gpu.toml as shipped, then with
+  # chained steps and 4 in flight), then the goodput curves (lstm_a 10k -> 1M, the default config 100k -> 1M)
+  bench sustained200k 80 -c configs/gpu.toml --with-floor --rate 200000 --duration 10 --warmup 1 --feed-batch 256
+  bench sustained200k_chained 80 -c configs/gpu.toml --with-floor --rate 200000 --duration 10 --warmup 1 \
+        --feed-batch 256 --set runner.chain_steps=true --set runner.max_inflight=4
+  step goodput_lstm_a 200 $PY tools/bench_overload.py -c "$PWD/configs/gpu.toml" \
+       --rates 10000,50000,100000,200000,500000,1000000 --duration 2 --overload 3 --overload-duration 2 \
+       --feed-batch 256 --json "$WORK/goodput_lstm_a.json"
+  step goodput_default 170 $PY tools/bench_overload.py --rates 100000,200000,500000,1000000 --duration 2 \
+       --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/goodput_default.json"
+  summarize
+  verbatim sustained200k sustained200k_chained goodput_lstm_a goodput_default
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
