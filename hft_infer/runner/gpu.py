@@ -12,9 +12,11 @@ state, the decision policy's held positions) on the device, allocated once.
   `kernels/lstm.py` `phased_geometry`), which reads device memory only and
   writes the decisions into the buffer's pinned outputs. (Kernels reading pinned host memory are
   served ~one PCIe transaction at a time on the H200 host: staging.py says
-  what that measured.) A step is one `replay()` and an event; `poll`
-  queries the event. Captured once at start-up, largest bucket first, in one
-  pool; capturing again raises.
+  what that measured.) A step is one graph launch (`cudaGraphLaunch` through
+  ctypes on the engine's stream, kernels/launch.py; torch's `replay()` where
+  libcudart or the exec handle is missing) and an event; `poll` queries the
+  event. Captured once at start-up, largest bucket first, in one pool;
+  capturing again raises.
 - `PersistentEngine`: a kernel that never exits serves a request ring
   (kernels/persistent.py): the loop fills a request slot's pinned payload in
   place (slots, positions; `submit` gathers the rows as the graph engine
