@@ -140,6 +140,8 @@
 #                                          # alternated twice (~470 s; each step skipped past BUDGET_S)
 #   tools/gpu_session.sh wave36b           # issue 12's throughput targets again: lstm_a (gpu.toml) at 200k for 10 s over
 #                                          # EventBatch frames, as shipped and chained; both goodput curves (~300 s)
+#   tools/gpu_session.sh wave36c           # GPU tests; the default config's goodput sweep again; lstm_a (gpu.toml) at
+#                                          # 200k over 1,024 instruments; issue 13's engine rows (~450 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1805,6 +1807,19 @@ elif [ "$phase" = wave36b ]; then
        --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/goodput_default.json"
   summarize
   verbatim sustained200k sustained200k_chained goodput_lstm_a goodput_default
+elif [ "$phase" = wave36c ]; then
+  # a landing (the GPU tests at this commit), wave36b's one default-config sweep repeated (its 500k point met issue
+  # 12's criterion once), lstm_a at 200k over a universe of 1,024 (each instrument's share ~16x smaller than over
+  # gpu.toml's 64, so the busiest instrument no longer sets the steps/s it needs), then issue 13's engine rows
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step goodput_default2 170 $PY tools/bench_overload.py --rates 100000,200000,500000,1000000 --duration 2 \
+       --overload 3 --overload-duration 2 --feed-batch 256 --json "$WORK/goodput_default2.json"
+  bench sustained200k_1024 80 -c configs/gpu.toml --with-floor --rate 200000 --duration 10 --warmup 1 \
+        --feed-batch 256 --instruments 1024 --set universe.instruments=1024
+  step bench_engines 130 taskset -c 2 $PY tools/bench_engines.py --quick --engines graph,persistent \
+       --models lstm_a/window,lstm_b/window,mlp_small/window --batches 1,64 --json "$WORK/bench_engines.json"
+  summarize
+  verbatim gpu_tests goodput_default2 sustained200k_1024 bench_engines
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
