@@ -131,6 +131,38 @@ def test_with_the_models_window_given_a_conflating_run_writes_only_each_slots_wi
         b.close()
 
 
+@pytest.mark.parametrize("conflate", [True, False])
+def test_a_trade_as_an_instruments_first_event_has_a_zero_book_whatever_the_ring_held(conflate):
+    """An instrument's first event a trade, in a run that takes the column path: its row's book is
+    zeros (no row before it), as on the per-frame path, even where the ring still holds old rows
+    (here: every ring row of the rig set to 5.0 before the feed, as memory left by earlier use)."""
+    rng = np.random.default_rng(RNG_SEED + 7)
+    seqs = [0] * 8
+    first = [(2, 0, 1.0, 0, (100.5, 3.0, -1))]  # instrument 2's first event: a trade
+    seqs[2] = 1
+    feed = first + _feed(rng, COLUMNS_MIN + 20, 8, seqs, trades=0.2)
+    kw = dict(instruments=8, conflate=conflate, topic_frame=True, max_pending=256, depth=256)
+    a, b = IngestRig(**kw), IngestRig(**kw)
+    writes = []
+    write_rows = a.ingest._write_rows
+    a.ingest._write_rows = lambda *args: (writes.append(1), write_rows(*args))
+    try:
+        a.store.array[:] = 5.0
+        b.store.array[:] = 5.0
+        burst(a, [batch_frame(feed)])
+        one_by_one(b, frames_of(feed))
+        assert writes == [1], "the run took the column path"
+        row = a.store.row(2, 0)
+        assert not row[: 4 * LEVELS].any() and row[4 * LEVELS:].tolist() == [100.5, -3.0]
+        for slot in range(8):
+            n = a.store.count[slot]
+            assert n == b.store.count[slot]
+            np.testing.assert_array_equal(a.store.window(slot, n - 1, n), b.store.window(slot, n - 1, n))
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("case", ["clean", "nan", "unknown", "gap", "repeat", "restart", "ts_negative", "priority",
                                   "levels", "wrong_topic", "first_seq_after_history"])
 def test_a_batch_the_column_path_refuses_ends_as_its_quotes_in_one_burst(case):
