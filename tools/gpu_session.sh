@@ -142,6 +142,9 @@
 #                                          # EventBatch frames, as shipped and chained; both goodput curves (~300 s)
 #   tools/gpu_session.sh wave36c           # GPU tests; the default config's goodput sweep again; lstm_a (gpu.toml) at
 #                                          # 200k over 1,024 instruments; issue 13's engine rows (~450 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave37a # GPU tests; this tree's ingest against BASE_TGZ's (bench_hotpath
+#                                          # --baseline), then lstm_a (gpu.toml) at 200k, new and base alternated
+#                                          # twice (~420 s): built for branch next/ring-writes
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1820,6 +1823,21 @@ elif [ "$phase" = wave36c ]; then
        --models lstm_a/window,lstm_b/window,mlp_small/window --batches 1,64 --json "$WORK/bench_engines.json"
   summarize
   verbatim gpu_tests goodput_default2 sustained200k_1024 bench_engines
+elif [ "$phase" = wave37a ]; then
+  # a change to the ingest's row writes judged against BASE_TGZ's tree: the GPU tests first (a landing from this
+  # call), bench_hotpath's ingest rows with BASE_TGZ's ingest modules loaded beside ours, then lstm_a at 200k events/s
+  # (gpu.toml's 64 instruments: single-event frames, whose bursts store their books through write_books), new and
+  # base alternated twice
+  setup_base
+  gpu_tests 300 "${LANDING_TESTS[@]}"
+  step hotpath 120 taskset -c 5 $PY tools/bench_hotpath.py --n 20000 --reps 3 --low-rate 0 \
+       --baseline "$base/pkg/hft_infer" --json "$WORK/hotpath.json"
+  for k in 1 2; do
+    e2e_run new "s200k_new$k" 200000 -c configs/gpu.toml --feed-batch 256
+    e2e_run base "s200k_base$k" 200000 -c configs/gpu.toml --feed-batch 256
+  done
+  summarize
+  verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
