@@ -420,7 +420,7 @@ def parts(frames, reps: int) -> list[tuple[str, float]]:
         r = []
         # under the service's collector regime (heap.py: frozen, no automatic collection): a decoded
         # Quote holds a memoryview, a tracked object, so with collection on, each timed map over
-        # thousands of frames also paid collections walking the `msgs` above (4.5 against 0.6 µs
+        # thousands of frames also paid collections walking the `msgs` above (4.5 against 0.4 µs
         # an event on the dev VM), which the service's burst of at most max_drain never does
         with FrozenHeap():
             for _ in range(reps):
