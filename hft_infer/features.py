@@ -64,6 +64,14 @@ class FeatureStore:
         # the same rows as one opaque item each (ingest_batch.py scatters whole rows through it)
         self.row_item_dtype = np.dtype((np.void, self.width * 4))
         self.row_items = self._flat.view(self.row_item_dtype).reshape(-1)
+        # and split in two: each row's book (the levels' float32s) and its two trade fields, an
+        # opaque item each, so that a burst's books scatter straight from the frames' bytes into
+        # the ring (`put_rows`) without first building whole rows in a scratch array
+        self.book_item_dtype = np.dtype((np.void, 4 * levels * 4))
+        self.trade_item_dtype = np.dtype((np.void, (self.width - 4 * levels) * 4))
+        halves = self._flat.view(np.dtype([("book", self.book_item_dtype), ("trade", self.trade_item_dtype)]))
+        self.row_books, self.row_trades = halves["book"].reshape(-1), halves["trade"].reshape(-1)
+        self._no_trade = np.zeros(1, self.trade_item_dtype)[0]
         self._bytes = memoryview(self.array).cast("B")
         self._row_bytes = self.width * 4
         self._slot_bytes = depth * self._row_bytes
@@ -114,15 +122,32 @@ class FeatureStore:
         _TRADE_FIELDS.pack_into(mv, off + full, price, signed_size)
 
     def write_books(self, slots: list[int], positions: list[int], books: np.ndarray, index: list[int]) -> None:
-        """Rows (slots[j], positions[j]) = books[index[j]] (the model's levels, float32) with zero
-        trade fields: the rows built in one array and stored with one fancy assignment, for a
-        burst (from ~16 rows this costs less than a memoryview copy each: ~240 against ~750
-        ns/row at 64 on the dev VM). No two (slot, position) pairs may share a ring row (at
-        most `depth` rows per slot)."""
-        rows = np.zeros((len(index), self.width), np.float32)
-        rows[:, :books.shape[1]] = books[index]
+        """Rows (slots[j], positions[j]) = books[index[j]] (float32 [k, 4 x levels], C-contiguous)
+        with zero trade fields, by two fancy assignments (`put_rows`), for a burst (from ~16 rows
+        this costs less than a memoryview copy each: ~240 against ~750 ns/row at 64 on the dev
+        VM). No two (slot, position) pairs may share a ring row (at most `depth` rows per slot)."""
         depth = self.depth
-        self._flat[np.asarray(slots, dtype=np.intp) * depth + np.asarray(positions, dtype=np.intp) % depth] = rows
+        at = np.asarray(slots, dtype=np.intp) * depth
+        at += np.asarray(positions, dtype=np.intp) % depth
+        self.put_rows(at, self.book_items(books).take(index))
+
+    def book_items(self, books: np.ndarray) -> np.ndarray:
+        """float32 books [k, 4 x levels] (C-contiguous) as k opaque items of `book_item_dtype`: a view."""
+        if books.ndim != 2 or books.shape[1] != 4 * self.levels:
+            raise ValueError(f"books of shape {books.shape}, expected [k, {4 * self.levels}] for {self.levels} levels")
+        return books.view(self.book_item_dtype).reshape(-1)
+
+    def put_rows(self, at: np.ndarray, books: np.ndarray, trade_fields: np.ndarray | None = None) -> None:
+        """Ring rows `at` (flat row numbers: slot x depth + position % depth) = `books` (items of
+        `book_item_dtype`, one a row) and `trade_fields` (float32 [k, 2]: price, signed size; None:
+        zeros): whole rows, as a scratch array of rows stored in one assignment would leave them,
+        without building one (the books go from their source to the ring once). No row may appear
+        twice in `at` (numpy does not say which of two assignments to one element stays)."""
+        self.row_books[at] = books
+        if trade_fields is None:
+            self.row_trades[at] = self._no_trade
+        else:
+            self.row_trades[at] = trade_fields.view(self.trade_item_dtype).reshape(-1)
 
     def row(self, slot: int, position: int) -> np.ndarray:
         """A copy of one row (tests, debugging)."""

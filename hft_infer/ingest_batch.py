@@ -385,45 +385,45 @@ class EventBatchPaths:
         writes them: a quote's row is its book with zero trade fields; a trade's repeats the book
         of the slot's row before it (a quote of the run, or the ring's newest row before the run)
         with its price and signed size. `applied` (slot-sorted; None: every event) leaves out the
-        quotes a trade may take its book from: those shed LATE took no row."""
+        quotes a trade may take its book from: those shed LATE took no row. The books go from the
+        frames' columns to the ring as whole items (FeatureStore.put_rows), with no scratch rows."""
         _, _, _, _, trades, price, size, side, books = cols
         store = self.store
-        depth, flat = store.depth, store._flat
+        depth = store.depth
+        positions = before[group] + rank  # a new array: reduced to ring rows in place below
+        sel = None if keep is None or keep.all() else np.flatnonzero(keep)
+        if sel is not None:
+            s_sorted, positions = s_sorted.take(sel), positions.take(sel)
+        at = s_sorted.astype(np.int64)  # slot * depth + position % depth (int16 slots: the product overflows)
+        at *= depth
+        positions %= depth
+        at += positions
+        items = store.book_items(books)
+        if trades is None:  # quotes only: their books, and zero trade fields
+            store.put_rows(at, items.take(order if sel is None else order.take(sel)))
+            return
         n = len(order)
-        s_sorted = s_sorted.astype(np.int64)  # int16 for the sort; slot * depth overflows int16
-        positions = before[group] + rank
-        width_book = books.shape[1]
-        if trades is None:  # quotes only: their books, and zero trade fields, straight into the ring
-            src = order
-            if keep is not None and not keep.all():
-                src, s_sorted, positions = src[keep], s_sorted[keep], positions[keep]
-            rows = np.zeros((len(src), store.width), np.float32)
-            rows[:, :width_book] = books.take(src, axis=0)
-            # whole rows as one opaque item each: numpy's scatter is then a memcpy per row
-            store.row_items[s_sorted * depth + positions % depth] = rows.view(store.row_item_dtype).ravel()
+        t_sorted = trades[order]
+        # the book of each row: its own (a quote), else the slot's last quote before it in the run
+        last_quote = np.where(t_sorted if applied is None else t_sorted | ~applied, -1, np.arange(n))
+        np.maximum.accumulate(last_quote, out=last_quote)
+        if sel is not None:
+            last_quote, t_sorted, in_group = last_quote.take(sel), t_sorted.take(sel), group.take(sel)
+            source = order.take(sel)
         else:
-            t_sorted = trades[order]
-            start_of = starts[group]
-            # the book of each row: its own (a quote), else the slot's last quote before it in the run
-            last_quote = np.where(t_sorted if applied is None else t_sorted | ~applied, -1, np.arange(n))
-            np.maximum.accumulate(last_quote, out=last_quote)
-            from_run = last_quote >= start_of  # -1, or another slot's: no quote of this slot before it
-            sel = np.arange(n) if keep is None else np.flatnonzero(keep)
-            fr = from_run[sel]
-            ring = ~fr
-            rows = np.zeros((len(sel), store.width), np.float32)
-            # every row's book from the run (a plain slice assignment, not a masked one); the rows
-            # whose book is not in the run are overwritten from the ring below
-            rows[:, :width_book] = books.take(order.take(last_quote[sel], mode="clip"), axis=0)
-            if ring.any():  # trades before the run's first quote of their slot: the ring's newest row
-                g = group[sel[ring]]
-                prev = before[g] - 1
-                rows[ring, :width_book] = flat[s_sorted[sel[ring]] * depth + prev % depth, :width_book] * (
-                    prev >= 0)[:, None]
-            ts = t_sorted[sel]
-            o = order[sel[ts]]
-            rows[ts, width_book] = price[o]
-            rows[ts, width_book + 1] = size[o] * side[o]
-            store.row_items[s_sorted[sel] * depth + positions[sel] % depth] = rows.view(store.row_item_dtype).ravel()
+            in_group, source = group, order
+        row_books = items.take(order.take(last_quote, mode="clip"))
+        ring = last_quote < starts[in_group]  # -1, or another slot's: no quote of this slot before it
+        if ring.any():  # trades before the run's first quote of their slot: the ring's newest row
+            # before the run (read before any row of the run is stored: the run may wrap onto it)
+            prev = before[in_group[ring]] - 1
+            prev_at = s_sorted[ring].astype(np.int64) * depth + prev % depth
+            row_books[ring] = np.where(prev >= 0, store.row_books[prev_at], np.zeros(1, store.book_item_dtype))
+        fields = np.zeros((len(at), 2), np.float32)
+        o = source[t_sorted]
+        fields[t_sorted, 0] = price[o]
+        fields[t_sorted, 1] = size[o] * side[o]
+        store.put_rows(at, row_books, fields)
+
 
 __all__ = ["EventBatchPaths"]

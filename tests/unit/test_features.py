@@ -78,3 +78,34 @@ def test_tensor_and_array_share_memory():
 def test_depth_must_be_positive():
     with pytest.raises(ValueError):
         FeatureStore(1, 1, 0)
+
+
+def test_put_rows_stores_whole_rows_as_the_byte_writes_do():
+    """put_rows (the column path's) and write_books (the burst path's) leave each row exactly as
+    write_quote_at / write_trade_at leave it: the book, then the trade fields (zeros for a quote)."""
+    levels, depth = 3, 4
+    a, b = FeatureStore(n_slots=2, levels=levels, depth=depth), FeatureStore(n_slots=2, levels=levels, depth=depth)
+    a.array[:] = b.array[:] = 9.0  # old contents: every byte of a row must be written
+    rng = np.random.default_rng(1)
+    books = (rng.random((5, 4 * levels)) * 50).astype(np.float32)
+    slots, positions = [0, 0, 1, 1, 0], [0, 1, 2, 7, 6]  # ring rows 0, 1, 6, 7 (7 % 4 = 3), 2
+    at = np.asarray(slots) * depth + np.asarray(positions) % depth
+    fields = np.array([[0, 0], [101.5, -2.0], [0, 0], [99.0, 4.0], [0, 0]], np.float32)
+    a.put_rows(at, a.book_items(books), fields)
+    for j, (s, p) in enumerate(zip(slots, positions)):
+        b.write_quote_at(s, p, books[j].tobytes(), levels)
+        if fields[j].any():
+            b._flat[s * depth + p % depth, 4 * levels:] = fields[j]  # a trade's fields (its book given here)
+    np.testing.assert_array_equal(a.array, b.array)
+    c = FeatureStore(n_slots=2, levels=levels, depth=depth)
+    c.array[:] = 9.0
+    c.write_books([1, 0], [5, 3], books, [4, 2])  # rows (1, 5) = books[4], (0, 3) = books[2], no trade fields
+    assert c.row(1, 5).tolist() == books[4].tolist() + [0.0, 0.0]
+    assert c.row(0, 3).tolist() == books[2].tolist() + [0.0, 0.0]
+    assert (c.row(0, 0) == 9.0).all(), "no other row touched"
+
+
+def test_books_of_another_width_are_refused():
+    store = FeatureStore(n_slots=1, levels=3, depth=2)
+    with pytest.raises(ValueError, match="expected \\[k, 12\\] for 3 levels"):
+        store.book_items(np.zeros((2, 10), np.float32))
