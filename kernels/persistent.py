@@ -69,6 +69,7 @@ from __future__ import annotations
 import platform
 import re
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -203,7 +204,8 @@ class RequestRing:
         self._bucket_of = [0] + [next(i for i, b in enumerate(buckets) if b >= n) for n in range(1, mb + 1)]
         self._copy_bytes = [self._ids_bytes + b * rb for b in buckets]
         self._graphs: list[list] | None = None  # [slot][bucket index], captured by prepare()
-        self._launchers: list[list] | None = None  # graph_launcher of each, on prepare()'s current stream
+        # graph_launcher of each, on prepare()'s current stream
+        self._launchers: list[list[Callable[[], None]]] | None = None
         self._copied = None  # fenced: one event per slot, recorded after its payload copy
         self.seq = 0  # requests submitted
 

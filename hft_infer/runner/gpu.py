@@ -35,6 +35,7 @@ LSTMs keep per-slot state and see every row in order.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -212,7 +213,7 @@ class GraphEngine(_GpuEngine):
         self._out_np = [o.numpy() for o in self._out]
         self._events = [torch.cuda.Event() for _ in range(k)]
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._launchers: dict[tuple[int, int], object] = {}  # graph_launcher of each graph (capture)
+        self._launchers: dict[tuple[int, int], Callable[[], None]] = {}  # graph_launcher of each graph (capture)
         self._captured = False
         self.check_addresses = check_addresses
         self._addresses = None
