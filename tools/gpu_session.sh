@@ -144,7 +144,8 @@
 #                                          # 200k over 1,024 instruments; issue 13's engine rows (~450 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave37a # GPU tests; this tree's ingest against BASE_TGZ's (bench_hotpath
 #                                          # --baseline), then lstm_a (gpu.toml) at 200k, new and base alternated
-#                                          # twice (~420 s): built for branch next/ring-writes
+#                                          # twice, then issue 13's lstm_a graph rows twice (~480 s): built for
+#                                          # branch next/ring-writes
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1836,8 +1837,13 @@ elif [ "$phase" = wave37a ]; then
     e2e_run new "s200k_new$k" 200000 -c configs/gpu.toml --feed-batch 256
     e2e_run base "s200k_base$k" 200000 -c configs/gpu.toml --feed-batch 256
   done
+  # issue 13's lstm_a batch-64 row met its p99 <= 100 µs in one run (wave36c): two more, batch 1 beside it
+  for k in 1 2; do
+    step "engines_lstm_a$k" 60 taskset -c 2 $PY tools/bench_engines.py --quick --engines graph \
+         --models lstm_a/window --batches 1,64 --json "$WORK/engines_lstm_a$k.json"
+  done
   summarize
-  verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2
+  verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2 engines_lstm_a1 engines_lstm_a2
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
