@@ -144,8 +144,8 @@
 #                                          # 200k over 1,024 instruments; issue 13's engine rows (~450 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave37a # GPU tests; this tree's ingest against BASE_TGZ's (bench_hotpath
 #                                          # --baseline), then lstm_a (gpu.toml) at 200k, new and base alternated
-#                                          # twice, then issue 13's lstm_a graph rows twice (~480 s): built for
-#                                          # branch next/ring-writes
+#                                          # twice, then issue 13's lstm_a graph rows twice (261 s on an H100
+#                                          # host): landed the ring writes (wave 37)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
