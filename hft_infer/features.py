@@ -61,12 +61,10 @@ class FeatureStore:
                                   pin_memory=pin_memory)
         self.array = self.tensor.numpy()  # same memory
         self._flat = self.array.reshape(-1, self.width)  # a view: row index = slot * depth + pos % depth
-        # the same rows as one opaque item each (ingest_batch.py scatters whole rows through it)
-        self.row_item_dtype = np.dtype((np.void, self.width * 4))
-        self.row_items = self._flat.view(self.row_item_dtype).reshape(-1)
-        # and split in two: each row's book (the levels' float32s) and its two trade fields, an
-        # opaque item each, so that a burst's books scatter straight from the frames' bytes into
-        # the ring (`put_rows`) without first building whole rows in a scratch array
+        # the same rows in two parts: each row's book (the levels' float32s) and its two trade
+        # fields, an opaque item each, so that a burst's books scatter straight from the frames'
+        # bytes into the ring (`put_rows`: numpy's scatter of an item is a memcpy) without first
+        # building whole rows in a scratch array
         self.book_item_dtype = np.dtype((np.void, 4 * levels * 4))
         self.trade_item_dtype = np.dtype((np.void, (self.width - 4 * levels) * 4))
         halves = self._flat.view(np.dtype([("book", self.book_item_dtype), ("trade", self.trade_item_dtype)]))
