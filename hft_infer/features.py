@@ -62,9 +62,9 @@ class FeatureStore:
         self.array = self.tensor.numpy()  # same memory
         self._flat = self.array.reshape(-1, self.width)  # a view: row index = slot * depth + pos % depth
         # the same rows in two parts: each row's book (the levels' float32s) and its two trade
-        # fields, an opaque item each, so that a burst's books scatter straight from the frames'
-        # bytes into the ring (`put_rows`: numpy's scatter of an item is a memcpy) without first
-        # building whole rows in a scratch array
+        # fields, an opaque item each, so that a burst's books, gathered from the frames' columns,
+        # scatter into the ring (`put_rows`: numpy's scatter of an item is a memcpy) without first
+        # being copied into whole rows of a scratch array
         self.book_item_dtype = np.dtype((np.void, 4 * levels * 4))
         self.trade_item_dtype = np.dtype((np.void, (self.width - 4 * levels) * 4))
         halves = self._flat.view(np.dtype([("book", self.book_item_dtype), ("trade", self.trade_item_dtype)]))
@@ -139,7 +139,7 @@ class FeatureStore:
         """Ring rows `at` (flat row numbers: slot x depth + position % depth) = `books` (items of
         `book_item_dtype`, one a row) and `trade_fields` (float32 [k, 2]: price, signed size; None:
         zeros): whole rows, as a scratch array of rows stored in one assignment would leave them,
-        without building one (the books go from their source to the ring once). No row may appear
+        without building one (one copy of the books fewer: the callers' gather, then this scatter). No row may appear
         twice in `at` (numpy does not say which of two assignments to one element stays)."""
         self.row_books[at] = books
         if trade_fields is None:

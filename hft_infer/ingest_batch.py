@@ -385,8 +385,9 @@ class EventBatchPaths:
         writes them: a quote's row is its book with zero trade fields; a trade's repeats the book
         of the slot's row before it (a quote of the run, or the ring's newest row before the run)
         with its price and signed size. `applied` (slot-sorted; None: every event) leaves out the
-        quotes a trade may take its book from: those shed LATE took no row. The books go from the
-        frames' columns to the ring as whole items (FeatureStore.put_rows), with no scratch rows."""
+        quotes a trade may take its book from: those shed LATE took no row. Each row's book is gathered
+        as one item (from the frames' columns, or the ring) and stored with its trade fields by
+        FeatureStore.put_rows, with no scratch array of whole rows."""
         _, _, _, _, trades, price, size, side, books = cols
         store = self.store
         depth = store.depth

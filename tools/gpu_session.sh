@@ -1800,7 +1800,8 @@ elif [ "$phase" = wave36a ]; then
 elif [ "$phase" = wave36b ]; then
   # issue 12's throughput targets on this tree (BENCHMARKS' figures for them were wave 14's, on the H200 host):
   # lstm_a sustained at 200k events/s for 10 s, events due together sent as one EventBatch frame of up to 256 (most
-  # frames still carry one event at this rate; gpu.toml as shipped, then with chained steps and 4 in flight), then the goodput curves (lstm_a 10k -> 1M, the default config 100k -> 1M)
+  # frames still carry one event at this rate; gpu.toml as shipped, then with chained steps and 4 in flight), then
+  # the goodput curves (lstm_a 10k -> 1M, the default config 100k -> 1M)
   bench sustained200k 80 -c configs/gpu.toml --with-floor --rate 200000 --duration 10 --warmup 1 --feed-batch 256
   bench sustained200k_chained 80 -c configs/gpu.toml --with-floor --rate 200000 --duration 10 --warmup 1 \
         --feed-batch 256 --set runner.chain_steps=true --set runner.max_inflight=4
