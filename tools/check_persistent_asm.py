@@ -3,6 +3,7 @@ for loads that can read stale request data (no GPU needed: Triton's bundled ptxa
 
     python tools/check_persistent_asm.py [--arch 90] [--sms 132] [--cases mlp_small,lstm_a/stream:bf16]
     python tools/check_persistent_asm.py --num-stages 3     # shows what the check catches
+    python tools/check_persistent_asm.py --loops            # also the SASS loops that hold volatile loads
 
 Why: a persistent kernel reads each request from memory that the copy engine and the other
 programs rewrite while it runs, so every such load must be coherent (volatile, served by L2).
@@ -13,12 +14,22 @@ NUM_STAGES). This compiles each kernel exactly as the engine launches it (Kernel
 engine's request ring, built on the CPU; `PersistentKernel._launch_spec`) and lists what
 `asm_problems` finds. Exit 1 when any kernel has a problem; 2 on bad arguments.
 
+--loops lists, per kernel, each loop of its SASS (nvdisasm, bundled with Triton) whose body holds
+volatile loads, with the source line it starts at: an iteration waits for its loads before the
+next one issues, so a loop of k iterations costs k dependent L2 round trips a request at least
+(wave 38: the LSTM's loops over K chunks, one trip per 32 columns of each operand, and the MLP
+finish's loop over its 11 splits were the kernels' longest dependent chains).
+
 TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 from kernel_compile import build_cases, case_parser, cpu_kernel_step, ready_to_compile
@@ -41,11 +52,43 @@ def build_kernel(case: str, sms: int):
     return kstep.persistent(ring, max_programs=sms)
 
 
+def volatile_loops(cubin: bytes) -> list[tuple[str, int]]:
+    """(source line, volatile loads in its body) of each SASS loop (a branch back to an earlier
+    label) whose body holds volatile loads (`LDG...STRONG`), in code order."""
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", "-g", f.name], capture_output=True, text=True, check=True).stdout
+    src, labels, items = "?", {}, []  # items: (is a volatile load, branch target or None, source)
+    for line in sass.splitlines():
+        if m := re.match(r'\s*//## File "(.*)", line (\d+)', line):
+            src = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+        elif m := re.match(r"^(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(items)
+        elif m := re.search(r"/\*[0-9a-f]+\*/\s+(.*?);", line):
+            ins = m.group(1)
+            target = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", ins)
+            items.append(("LDG" in ins and "STRONG" in ins, target.group(1) if target else None, src))
+    loops = []
+    for k, (_, target, _) in enumerate(items):
+        if target in labels and labels[target] <= k:
+            body = items[labels[target]:k + 1]
+            n = sum(vol for vol, _, _ in body)
+            if n:
+                loops.append((body[0][2], n))  # where its first instruction comes from
+    return loops
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = case_parser(__doc__, DEFAULT_CASES, "cases: floor, or preset[/window|/stream][:fp32|tf32|bf16]")
     ap.add_argument("--sms", type=int, default=132, help="SMs the LSTM kernels may use (default: %(default)s, H200)")
     ap.add_argument("--num-stages", type=int, default=None,
                     help="compile with this many pipeline stages instead of the launch's own")
+    ap.add_argument("--loops", action="store_true",
+                    help="list the SASS loops that hold volatile loads (dependent L2 round trips)")
     args = ap.parse_args(argv)
     if not ready_to_compile("check_persistent_asm"):
         return 2
@@ -61,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for case, kernel in kernels:
         t0 = time.perf_counter()
-        ptx = kernel.compile_asm(args.arch, **options)["ptx"]
+        asm = kernel.compile_asm(args.arch, **options)
+        ptx = asm["ptx"]
         problems = asm_problems(ptx)
         failed += bool(problems)
         print(f"{case:24s} {kernel.programs:8d} {ptx.count('ld.volatile.global'):11d} "
               f"{time.perf_counter() - t0:9.1f}  {'; '.join(problems) or 'none'}", flush=True)
+        if args.loops:
+            for at, n in volatile_loops(asm["cubin"]):
+                print(f"    loop at {at}: {n} volatile loads in its body", flush=True)
     return 1 if failed else 0
 
 

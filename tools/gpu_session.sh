@@ -146,6 +146,9 @@
 #                                          # --baseline), then lstm_a (gpu.toml) at 200k, new and base alternated
 #                                          # twice, then issue 13's lstm_a graph rows twice (261 s on an H100
 #                                          # host): landed the ring writes (wave 37)
+#   BASE_TGZ=F tools/gpu_session.sh wave38a # GPU tests with the kernel tests; issue 13's engine rows (graph and
+#                                          # persistent; lstm_a, lstm_b, mlp_small; batch 1 and 64), this tree and
+#                                          # BASE_TGZ's alternated twice (wave38b: the LSTMs only, ~480 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1845,6 +1848,29 @@ elif [ "$phase" = wave37a ]; then
   done
   summarize
   verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2 engines_lstm_a1 engines_lstm_a2
+elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ]; then
+  # fewer dependent L2 trips in the LSTM kernels (persistent and launched): the GPU tests with the kernel tests
+  # first (a landing from this call), then issue 13's engine rows, this tree and BASE_TGZ's alternated twice.
+  # wave38a (graph and persistent, lstm_a / lstm_b / mlp_small): its kernel tests outran 330 s and its base runs
+  # lacked tools/ on their path; wave38b: the LSTMs only (the MLP change was dropped), shorter steps
+  setup_base
+  if [ "$phase" = wave38a ]; then
+    kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py)
+    models38=lstm_a/window,lstm_b/window,mlp_small/window
+  else
+    kernel_tests=(tests/kernels/test_kernel_persistent.py)
+    models38=lstm_a/window,lstm_b/window
+  fi
+  gpu_tests 400 "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
+            tests/kernels/test_kernel_lstm_stream.py
+  engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
+  for k in 1 2; do
+    step "engines_new$k" 60 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
+    step "engines_base$k" 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
+         "${engines38[@]}" --json "$WORK/engines_base$k.json"
+  done
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"

@@ -128,6 +128,8 @@ class Case:
     window: int = 4
     n_inst: int = 4
     depth: int = 7
+    max_batch: int = 4  # a round's requests: at most R - 1
+    block_h: int = 16  # under the interpreter: >= hidden (one program)
 
 
 ROUNDS = ((("step", 2), ("step", 1), ("step", 3)), (("step", 3), ("reset", 2), ("step", 3)),
@@ -138,6 +140,10 @@ CPU_CASES = [
     Case("stream", "fp32", ROUNDS[:3], layers=3, hidden=9),
     Case("mlp", "fp32", ROUNDS),
     Case("mlp", "bf16", ROUNDS[:2]),
+    # the products' K in two chunks (hidden 40: block_k 32), loaded before the first product
+    Case("window", "fp32", ROUNDS[:2], hidden=40, block_h=64),
+    # batch tiles of 32 beside the small tile: requests above and below 16 entries
+    Case("mlp", "fp32", ((("step", 20), ("step", 1), ("step", 17)),), n_inst=24, max_batch=24),
 ]
 
 
@@ -165,7 +171,7 @@ class Model:
             self.kernel = MlpPersistent(w, self.ring, self.thr, self.held)
         else:
             self.params = params if params is not None else make_lstm(case.levels, case.hidden, case.layers, gen)[0]
-            bh = 16 if dev.type == "cpu" else 4
+            bh = case.block_h if dev.type == "cpu" else 4
             w = prepare_lstm_weights(self.params, precision=case.precision, device=dev, block_h=bh)
             self.kernel = LstmPersistent(w, self.ring, self.n_slots, self.thr, self.held,
                                          window=case.window if case.family == "window" else None,
@@ -226,12 +232,16 @@ def _plan(case: Case, rnd: random.Random, nxt: dict[int, int], ops, sink: int, g
     return reqs
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=f"{c.family}-{c.precision}-L{c.layers}") for c in CPU_CASES])
+def _case_id(c: Case) -> str:
+    return f"{c.family}-{c.precision}-L{c.layers}-H{c.hidden}-B{c.max_batch}"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=_case_id(c)) for c in CPU_CASES])
 def test_persistent_matches_references(case: Case):
     dev = require_device("cpu")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     rnd = random.Random(7)
-    model = Model(case, dev, gen, max_batch=4, n_requests=4)  # a round's requests: at most R - 1
+    model = Model(case, dev, gen, max_batch=case.max_batch, n_requests=4)
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
