@@ -148,7 +148,9 @@
 #                                          # host): landed the ring writes (wave 37)
 #   BASE_TGZ=F tools/gpu_session.sh wave38a # GPU tests with the kernel tests; issue 13's engine rows (graph and
 #                                          # persistent; lstm_a, lstm_b, mlp_small; batch 1 and 64), this tree and
-#                                          # BASE_TGZ's alternated twice (wave38b: the LSTMs only, ~480 s)
+#                                          # BASE_TGZ's alternated twice (wave38b: lstm_a only, ~400 s; wave38c:
+#                                          # the landing tests and the persistent kernels' test, lstm_a once, ~290 s;
+#                                          # wave38d: those tests only, ~190 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1852,25 +1854,42 @@ elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ]; then
   # fewer dependent L2 trips in the LSTM kernels (persistent and launched): the GPU tests with the kernel tests
   # first (a landing from this call), then issue 13's engine rows, this tree and BASE_TGZ's alternated twice.
   # wave38a (graph and persistent, lstm_a / lstm_b / mlp_small): its kernel tests outran 330 s and its base runs
-  # lacked tools/ on their path; wave38b: the LSTMs only (the MLP change was dropped), shorter steps
+  # lacked tools/ on their path; wave38b: lstm_a only (the MLP change was dropped), shorter steps
   setup_base
   if [ "$phase" = wave38a ]; then
     kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py)
     models38=lstm_a/window,lstm_b/window,mlp_small/window
   else
     kernel_tests=(tests/kernels/test_kernel_persistent.py)
-    models38=lstm_a/window,lstm_b/window
+    models38=lstm_a/window
   fi
-  gpu_tests 400 "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
+  gpu_tests 330 "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
             tests/kernels/test_kernel_lstm_stream.py
   engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
   for k in 1 2; do
-    step "engines_new$k" 60 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
-    step "engines_base$k" 60 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
+    step "engines_new$k" 45 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
+    step "engines_base$k" 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
          "${engines38[@]}" --json "$WORK/engines_base$k.json"
   done
   summarize
   verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2
+elif [ "$phase" = wave38c ]; then
+  # wave38b cut to the device time left (~330 s): the landing tests and the persistent kernels' GPU test, then
+  # lstm_a's engine rows, this tree and BASE_TGZ's, once each
+  setup_base
+  gpu_tests 200 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  engines38=(tools/bench_engines.py --quick --engines graph,persistent --models lstm_a/window --batches 1,64)
+  step engines_new1 45 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
+       "${engines38[@]}" --json "$WORK/engines_base1.json"
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave38d ]; then
+  # the landing of next/fewer-trips with the device time left (~210 s): the landing tests and the persistent
+  # kernels' GPU test only
+  gpu_tests 190 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  summarize
+  verbatim gpu_tests
 elif [ "$phase" = wave31d ]; then
   # landing runner.chain_steps off by default (wave31c): the GPU tests at this commit
   gpu_tests 300 "${LANDING_TESTS[@]}"
