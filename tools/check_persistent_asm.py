@@ -15,8 +15,9 @@ engine's request ring, built on the CPU; `PersistentKernel._launch_spec`) and li
 `asm_problems` finds. Exit 1 when any kernel has a problem; 2 on bad arguments.
 
 --loops lists, per kernel, each loop of its SASS (nvdisasm, bundled with Triton) whose body holds
-volatile loads, with the source line it starts at: an iteration waits for its loads before the
-next one issues, so a loop of k iterations costs k dependent L2 round trips a request at least
+volatile loads, with the source line of its first instruction (an inlined helper's code may carry
+its caller's line; an outer loop counts its inner loops' loads too): the next iteration's loads
+issue after this one's uses, so a loop of k iterations costs k dependent L2 round trips at least
 (wave 38: the LSTM's loops over K chunks, one trip per 32 columns of each operand, and the MLP
 finish's loop over its 11 splits were the kernels' longest dependent chains).
 

@@ -148,7 +148,7 @@
 #                                          # host): landed the ring writes (wave 37)
 #   BASE_TGZ=F tools/gpu_session.sh wave38a # GPU tests with the kernel tests; issue 13's engine rows (graph and
 #                                          # persistent; lstm_a, lstm_b, mlp_small; batch 1 and 64), this tree and
-#                                          # BASE_TGZ's alternated twice (wave38b: lstm_a only, ~400 s; wave38c:
+#                                          # BASE_TGZ's alternated twice (wave38b: lstm_a only, ~540 s; wave38c:
 #                                          # the landing tests and the persistent kernels' test, lstm_a once, ~290 s;
 #                                          # wave38d: those tests only, ~190 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
@@ -1856,20 +1856,20 @@ elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ]; then
   # wave38a (graph and persistent, lstm_a / lstm_b / mlp_small): its kernel tests outran 330 s and its base runs
   # lacked tools/ on their path; wave38b: lstm_a only (the MLP change was dropped), shorter steps
   setup_base
-  if [ "$phase" = wave38a ]; then
+  if [ "$phase" = wave38a ]; then  # as it ran (330 s of tests, 150 s steps), its base runs mended
     kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py)
-    models38=lstm_a/window,lstm_b/window,mlp_small/window
+    models38=lstm_a/window,lstm_b/window,mlp_small/window tests_s=330 step_s=150
   else
     kernel_tests=(tests/kernels/test_kernel_persistent.py)
-    models38=lstm_a/window
+    models38=lstm_a/window tests_s=360 step_s=45
   fi
-  gpu_tests 330 "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
+  gpu_tests "$tests_s" "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
             tests/kernels/test_kernel_lstm_stream.py
   engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
   for k in 1 2; do
-    step "engines_new$k" 45 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
-    step "engines_base$k" 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
-         "${engines38[@]}" --json "$WORK/engines_base$k.json"
+    step "engines_new$k" "$step_s" taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
+    step "engines_base$k" "$step_s" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+         "$base/py" "${engines38[@]}" --json "$WORK/engines_base$k.json"
   done
   summarize
   verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2

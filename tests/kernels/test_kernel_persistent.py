@@ -128,7 +128,7 @@ class Case:
     window: int = 4
     n_inst: int = 4
     depth: int = 7
-    max_batch: int = 4  # a round's requests: at most R - 1
+    max_batch: int = 4
     block_h: int = 16  # under the interpreter: >= hidden (one program)
 
 
@@ -140,7 +140,7 @@ CPU_CASES = [
     Case("stream", "fp32", ROUNDS[:3], layers=3, hidden=9),
     Case("mlp", "fp32", ROUNDS),
     Case("mlp", "bf16", ROUNDS[:2]),
-    # the products' K in two chunks (hidden 40: block_k 32), loaded before the first product
+    # the products' K in two chunks (hidden 40: block_k 32)
     Case("window", "fp32", ROUNDS[:2], hidden=40, block_h=64),
     # batch tiles of 32 beside the small tile: requests above and below 16 entries
     Case("mlp", "fp32", ((("step", 20), ("step", 1), ("step", 17)),), n_inst=24, max_batch=24),
@@ -241,7 +241,7 @@ def test_persistent_matches_references(case: Case):
     dev = require_device("cpu")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     rnd = random.Random(7)
-    model = Model(case, dev, gen, max_batch=case.max_batch, n_requests=4)
+    model = Model(case, dev, gen, max_batch=case.max_batch, n_requests=4)  # a round's requests: at most R - 1
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
