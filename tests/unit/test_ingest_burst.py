@@ -321,25 +321,27 @@ def test_deadline_admission_sheds_by_the_schedulers_margin(how):
 @pytest.mark.parametrize("how", ["one_by_one", "burst", "event_batch"])
 def test_deadline_admission_counts_the_slots_queued_ahead_of_a_new_one(how):
     """An event that queues its instrument anew waits for the slots queued ahead of it, the
-    chunk's own first: with a 1 ms period between batches of 4, a 10 ms deadline and 20 slots
-    queued (5 batches ahead), an event 4 ms old that queues a slot anew waits 5.5 periods: 4 +
-    5.5 <= 10, admitted; the next two new slots count it ahead (21 and 22 queued: 5.5 periods),
-    admitted too, and after 4 new slots one more batch: 24 queued ahead -> 6.5 periods, 4 + 6.5
-    > 10: LATE, so are the new slots after it. Until 2026-12-04 an event for an empty queue
-    waited none however many slots were queued, and was stale when its turn came."""
+    chunk's own first: with a 10 ms period between batches of 4, a 100 ms deadline and 20 slots
+    queued (5 batches ahead), an event 36 ms old that queues a slot anew waits 5.5 periods: 36 +
+    55 <= 100, admitted; the next two new slots count it ahead (21 and 22 queued: 5.5 periods),
+    admitted too, and after 4 new slots one more batch: 24 queued ahead -> 6.5 periods, 36 + 65
+    > 100: LATE, so are the new slots after it. Until 2026-12-04 an event for an empty queue
+    waited none however many slots were queued, and was stale when its turn came. (The time the
+    test itself takes between stamping the events and reading them only ages them: the admitted
+    ones have 9 ms of it to spare; at a tenth of these times, 0.5 ms, a loaded 2-core VM ran out.)"""
     import time
 
     from test_ingest_batch import batch_frame
 
-    rig = IngestRig(instruments=64, conflate=False, max_age_us=10_000, max_pending=64, topic_frame=True,
+    rig = IngestRig(instruments=64, conflate=False, max_age_us=100_000, max_pending=64, topic_frame=True,
                     max_batch=4)
     try:
         one_by_one(rig, [quote(i, 0, 1.0) for i in range(20)])  # 20 slots queued, one event each
         sched = rig.sched
-        sched.step_period_ns = 1_000_000
-        sched.place_ns = 5_000_000  # a place: the period x 5 rounds (20 slots, 4 per batch)
-        assert sched.queued_slots == 20 and sched.turn_wait_ns() == 5_500_000
-        aged = time.time_ns() - 4_000_000
+        sched.step_period_ns = 10_000_000
+        sched.place_ns = 50_000_000  # a place: the period x 5 rounds (20 slots, 4 per batch)
+        assert sched.queued_slots == 20 and sched.turn_wait_ns() == 55_000_000
+        aged = time.time_ns() - 36_000_000
         new = list(range(20, 56))  # 36 instruments queued anew, the EventBatch's column path needs 32+
         events = [(i, 0, 2.0, aged) for i in new]
         if how == "event_batch":
