@@ -139,8 +139,9 @@ class FeatureStore:
         """Ring rows `at` (flat row numbers: slot x depth + position % depth) = `books` (items of
         `book_item_dtype`, one a row) and `trade_fields` (float32 [k, 2]: price, signed size; None:
         zeros): whole rows, as a scratch array of rows stored in one assignment would leave them,
-        without building one (one copy of the books fewer: the callers' gather, then this scatter). No row may appear
-        twice in `at` (numpy does not say which of two assignments to one element stays)."""
+        without building one (one copy of the books fewer: the caller's gather, then this scatter).
+        No row may appear twice in `at` (numpy does not say which of two assignments to one element
+        stays)."""
         self.row_books[at] = books
         if trade_fields is None:
             self.row_trades[at] = self._no_trade

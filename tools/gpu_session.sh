@@ -1850,40 +1850,31 @@ elif [ "$phase" = wave37a ]; then
   done
   summarize
   verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2 engines_lstm_a1 engines_lstm_a2
-elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ]; then
+elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ]; then
   # fewer dependent L2 trips in the LSTM kernels (persistent and launched): the GPU tests with the kernel tests
-  # first (a landing from this call), then issue 13's engine rows, this tree and BASE_TGZ's alternated twice.
-  # wave38a (graph and persistent, lstm_a / lstm_b / mlp_small): its kernel tests outran 330 s and its base runs
-  # lacked tools/ on their path; wave38b: lstm_a only (the MLP change was dropped), shorter steps
+  # first (a landing from this call), then issue 13's engine rows, this tree and BASE_TGZ's alternated.
+  # wave38a, as it ran (graph and persistent, lstm_a / lstm_b / mlp_small; 330 s of tests, 150 s steps): its
+  # kernel tests outran 330 s, and its base runs lacked tools/ on their path (mended); wave38b: lstm_a only (the
+  # MLP change was dropped), shorter steps; wave38c: wave38b cut to ~290 s (the persistent kernels' GPU test
+  # only, one round)
   setup_base
-  if [ "$phase" = wave38a ]; then  # as it ran (330 s of tests, 150 s steps), its base runs mended
-    kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py)
-    models38=lstm_a/window,lstm_b/window,mlp_small/window tests_s=330 step_s=150
-  else
-    kernel_tests=(tests/kernels/test_kernel_persistent.py)
-    models38=lstm_a/window tests_s=360 step_s=45
-  fi
-  gpu_tests "$tests_s" "${LANDING_TESTS[@]}" "${kernel_tests[@]}" tests/kernels/test_kernel_lstm_window.py \
-            tests/kernels/test_kernel_lstm_stream.py
+  lstm_tests=(tests/kernels/test_kernel_lstm_window.py tests/kernels/test_kernel_lstm_stream.py)
+  kernel_tests=(tests/kernels/test_kernel_persistent.py "${lstm_tests[@]}")
+  models38=lstm_a/window tests_s=360 step_s=45 rounds="1 2"
+  case $phase in
+    wave38a) kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py "${lstm_tests[@]}")
+             models38=lstm_a/window,lstm_b/window,mlp_small/window tests_s=330 step_s=150 ;;
+    wave38c) kernel_tests=(tests/kernels/test_kernel_persistent.py) tests_s=200 rounds=1 ;;
+  esac
+  gpu_tests "$tests_s" "${LANDING_TESTS[@]}" "${kernel_tests[@]}"
   engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
-  for k in 1 2; do
+  for k in $rounds; do
     step "engines_new$k" "$step_s" taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
     step "engines_base$k" "$step_s" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
          "$base/py" "${engines38[@]}" --json "$WORK/engines_base$k.json"
   done
   summarize
   verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2
-elif [ "$phase" = wave38c ]; then
-  # wave38b cut to the device time left (~330 s): the landing tests and the persistent kernels' GPU test, then
-  # lstm_a's engine rows, this tree and BASE_TGZ's, once each
-  setup_base
-  gpu_tests 200 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
-  engines38=(tools/bench_engines.py --quick --engines graph,persistent --models lstm_a/window --batches 1,64)
-  step engines_new1 45 taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 "$base/py" \
-       "${engines38[@]}" --json "$WORK/engines_base1.json"
-  summarize
-  verbatim gpu_tests engines_new1 engines_base1
 elif [ "$phase" = wave38d ]; then
   # the landing of next/fewer-trips with the device time left (~210 s): the landing tests and the persistent
   # kernels' GPU test only
