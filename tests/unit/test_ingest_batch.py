@@ -359,6 +359,37 @@ def test_a_stateful_model_takes_a_run_of_batches_as_columns_as_its_events_one_fr
         b.close()
 
 
+def test_a_stateful_run_shed_late_whole_stores_no_row_and_ends_as_its_events_one_frame_each():
+    """Deadline admission, every event of a run long past its deadline (a saturated service's usual
+    run): all shed LATE on the column path, none queued, no ring row written (the ring as the
+    previous run left it), each slot's count as before and its sequence advanced -- as the same
+    events sent one frame each."""
+    rng = np.random.default_rng(RNG_SEED + 5)
+    seqs = [0] * 8
+    kw = dict(instruments=8, conflate=False, topic_frame=True, max_pending=64, depth=128, admission="deadline")
+    a, b = IngestRig(**kw), IngestRig(**kw)
+    in_order, writes = [], []
+    a.ingest._queue_run_in_order = (lambda f: lambda *args: (in_order.append(1), f(*args))[1])(
+        a.ingest._queue_run_in_order)
+    a.ingest._write_rows = (lambda f: lambda *args: (writes.append(1), f(*args))[1])(a.ingest._write_rows)
+    try:
+        fresh = _feed(rng, COLUMNS_MIN + 8, 8, seqs, trades=0.2)  # rows in the ring first
+        stale = [(e[0], e[1], e[2], OLD_NS) + e[4:] for e in _feed(rng, COLUMNS_MIN + 8, 8, seqs, trades=0.2)]
+        for feed in (fresh, stale):
+            frame = batch_frame(feed)
+            burst(a, [frame])
+            # b: the same events (trades with their send time too), each a frame of its own
+            burst(b, [[topic_for(e.instrument), encode(e)] for e in events_of_batch(msgspec_decode(frame[1]))])
+        _compare(a, b)
+        assert len(in_order) == 2 and len(writes) == 1, "both runs on the column path; the stale one wrote no row"
+        assert a.acct.by_reason[Reason.LATE] == len(stale)
+        assert list(a.store.count)[:8] == [sum(1 for e in fresh if e[0] == s) for s in range(8)]  # (then the sink)
+        assert list(a.ingest.last_seq) == [s - 1 if s else -1 for s in seqs]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_stateful_run_that_would_exhaust_the_request_ids_takes_the_general_path():
     rng = np.random.default_rng(RNG_SEED + 4)
     seqs = [0] * 8
