@@ -65,6 +65,28 @@ from hft_infer.kernels.common import (
 
 # --------------------------------------------------------------------------- kernel
 
+# Elements of a layer's product operands that a program loads before their products (`_lstm_layer`,
+# at 4 warps: 4096 = 32 registers a thread), where a loop over K chunks paid a dependent L2 trip
+# per 32 columns of each operand. The persistent kernel (one request at a time, latency first):
+# lstm_a at batch 1 (16-row tiles, K = 128) loads both operands and c at once, one trip a layer;
+# lstm_b (32-row tiles, K = 256) four chunks at a time, four trips a layer (was 16). The launched
+# kernel: half that, so that the 128-row tiles of large batches keep the loop (at 8 warps, 4096
+# elements are one chunk) and a quote at a time (16-row tiles) takes 2 trips a layer (was 8).
+PREFETCH_MAX_PERSISTENT = 4096
+PREFETCH_MAX_LAUNCHED = 2048
+
+
+def prefetch_plan(w: "LstmWeights", block_m: int, budget: int) -> dict:
+    """`_lstm_layer`'s BOTH and GROUP for tiles of block_m rows within `budget` elements: both
+    operands at once where they fit, else the most chunks of one operand that fit and divide its
+    chunks (a power of two; 1: the loop, a trip per chunk)."""
+    nch = w.kh // w.block_k
+    both = 2 * block_m * w.kh <= budget
+    group = 1
+    while group * 2 <= nch and nch % (group * 2) == 0 and group * 2 * block_m * w.block_k <= budget:
+        group *= 2
+    return dict(BOTH=both, GROUP=group)
+
 
 @triton.jit
 def _tile_rows(tile, slots_ptr, pos_ptr, n_rows, m, L: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
@@ -110,15 +132,81 @@ def _split_gates(acc, BLOCK_M: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
+def _k_chunks(row_ptr, rmask, kk, H: tl.constexpr, BLOCK_K: tl.constexpr, c0, NC: tl.constexpr, CG: tl.constexpr,
+              VOL: tl.constexpr):
+    """Chunks c0 .. c0+NC-1 of rows row_ptr (columns (c0+i)*BLOCK_K.., those < H), [rows, BLOCK_K]
+    each (a tuple), every load issued before any chunk is used. CG: data another program wrote in
+    this launch (`_ld_l2`); else a plain load, volatile when VOL.
+
+    Callers that feed the chunks to tl.dot put a tl.debug_barrier() before this: each chunk is
+    staged into shared memory right after its load, and where that memory was last read by an
+    earlier product the compiler puts a barrier before the first staging store, which no later
+    load moves above -- the other chunks' loads would wait one L2 trip behind the first."""
+    chunks = ()
+    for i in tl.static_range(NC):
+        kidx = (c0 + i) * BLOCK_K + kk
+        m = rmask[:, None] & (kidx < H)[None, :]
+        if CG:
+            v = _ld_l2(row_ptr[:, None] + kidx[None, :], m, VOL)
+        else:
+            v = tl.load(row_ptr[:, None] + kidx[None, :], mask=m, other=0.0, volatile=VOL)
+        chunks = chunks + (v,)
+    return chunks
+
+
+@triton.jit
+def _mm_k_chunks(chunks, w_ptr, kk, g4, acc, G4: tl.constexpr, BLOCK_K: tl.constexpr, c0, NC: tl.constexpr,
+                 PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += chunks c0.. (`_k_chunks`) @ their rows of the weight slice at w_ptr ([K, G4])."""
+    for i in tl.static_range(NC):
+        wt = tl.load(w_ptr + ((c0 + i) * BLOCK_K + kk)[:, None] * G4 + g4[None, :])
+        acc = _mm(chunks[i], wt, acc, PREC, BF16, UPCAST)
+    return acc
+
+
+@triton.jit
+def _mm_rows(row_ptr, rmask, kk, g4, w_ptr, acc, H: tl.constexpr, KH: tl.constexpr, BLOCK_K: tl.constexpr,
+             G4: tl.constexpr, CG: tl.constexpr, VOL: tl.constexpr, GROUP: tl.constexpr, PREC: tl.constexpr,
+             BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += rows row_ptr [.., KH] @ w_ptr [KH, G4], the K chunks loaded GROUP at a time before
+    their products (one dependent L2 trip per group; GROUP divides KH / BLOCK_K: `prefetch_plan`),
+    or (GROUP 1) each before its product. The groups are a loop, not unrolled: unrolled, lstm_b's
+    16 products a layer took 255 registers and spilled."""
+    if GROUP > 1:
+        for c0 in range(0, KH // BLOCK_K, GROUP):
+            tl.debug_barrier()  # see _k_chunks
+            acc = _mm_k_chunks(_k_chunks(row_ptr, rmask, kk, H, BLOCK_K, c0, GROUP, CG, VOL), w_ptr, kk, g4, acc,
+                               G4, BLOCK_K, c0, GROUP, PREC, BF16, UPCAST)
+    else:
+        for k0 in range(0, KH, BLOCK_K):
+            kidx = k0 + kk
+            m = rmask[:, None] & (kidx < H)[None, :]
+            if CG:
+                a = _ld_l2(row_ptr[:, None] + kidx[None, :], m, VOL)
+            else:
+                a = tl.load(row_ptr[:, None] + kidx[None, :], mask=m, other=0.0, volatile=VOL)
+            wt = tl.load(w_ptr + kidx[:, None] * G4 + g4[None, :])
+            acc = _mm(a, wt, acc, PREC, BF16, UPCAST)
+    return acc
+
+
+@triton.jit
 def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                 wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                 F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
                 KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr,
                 BLOCK_M: tl.constexpr, WINDOW: tl.constexpr, ROWS_RING: tl.constexpr, VOL: tl.constexpr,
-                PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr):
+                PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, BOTH: tl.constexpr,
+                GROUP: tl.constexpr):
     """Layer `layer` of this program's units for its row tiles: gates, cell, c in place, new h
     to scratch [L, n*W, H]. Weights are read with plain loads (they stay in this SM's L1 in a
-    persistent kernel); state, scratch and rows with volatile loads when VOL."""
+    persistent kernel); state, scratch and rows with volatile loads when VOL.
+
+    BOTH, GROUP (`prefetch_plan`): the products' K chunks are loaded before their products (each
+    tl.dot stages its operands through shared memory behind a CTA barrier, and no load moves
+    across one, so a load inside a chunk loop waits for the previous chunk's product: KH /
+    BLOCK_K dependent L2 round trips per operand): both operands and c at once (BOTH), else each
+    operand GROUP chunks at a time (`_mm_rows`; GROUP 1: the loop)."""
     G4: tl.constexpr = 4 * BH
     XB: tl.constexpr = 16
     m = tl.arange(0, BLOCK_M)
@@ -159,28 +247,32 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
                 tl.store(xp_base + bx[:, None] * G4 + g4[None, :], xp, mask=bmask[:, None])
             tl.debug_barrier()  # the gather below reads what other threads of this program stored
             acc = tl.load(xp_base + b[:, None] * G4 + g4[None, :], mask=rmask[:, None], other=0.0)
-        else:
-            # Input: the layer below's new h of the same rows, written by every program (.cg: L2).
-            acc = tl.zeros([BLOCK_M, G4], dtype=tl.float32)
-            prow = ((layer - 1) * n_r + r).to(tl.int64)
-            # unrolled: the chunks' loads do not wait for each other (no pipelining of volatile loads)
-            for k0 in range(0, KH, BLOCK_K):
-                kidx = k0 + kk
-                a = _ld_l2(scratch_ptr + prow[:, None] * H + kidx[None, :],
-                           rmask[:, None] & (kidx < H)[None, :], VOL)
-                wt = tl.load(wx_ptr + (((layer - 1) * NB + j) * KH + kidx[:, None]) * G4 + g4[None, :])
-                acc = _mm(a, wt, acc, PREC, BF16, UPCAST)
-        for k0 in range(0, KH, BLOCK_K):
-            kidx = k0 + kk
-            a = tl.load(h_ptr + srow[:, None] * H + kidx[None, :], mask=rmask[:, None] & (kidx < H)[None, :],
-                        other=0.0, volatile=VOL)
-            wt = tl.load(wh_ptr + ((layer * NB + j) * KH + kidx[:, None]) * G4 + g4[None, :])
-            acc = _mm(a, wt, acc, PREC, BF16, UPCAST)
-        acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
-        gi, gf, gg, go = _split_gates(acc, BLOCK_M, BH)
         smask = rmask[:, None] & umask[None, :]
         cp = c_ptr + srow[:, None] * H + unit[None, :]
-        h_new, c_new = _cell(gi, gf, gg, go, tl.load(cp, mask=smask, other=0.0, volatile=VOL))
+        h_rows = h_ptr + srow * H
+        wh_at = wh_ptr + (layer * NB + j) * KH * G4
+        # Input of layers > 0: the layer below's new h of the same rows, written by every program (.cg: L2).
+        x_rows = scratch_ptr + ((layer - 1) * n_r + r).to(tl.int64) * H
+        wx_at = wx_ptr + ((layer - 1) * NB + j) * KH * G4
+        NCH: tl.constexpr = KH // BLOCK_K
+        if (layer > 0) & BOTH:  # both operands' loads and c's in flight at once
+            tl.debug_barrier()  # see _k_chunks
+            xs = _k_chunks(x_rows, rmask, kk, H, BLOCK_K, 0, NCH, True, VOL)
+            hs = _k_chunks(h_rows, rmask, kk, H, BLOCK_K, 0, NCH, False, VOL)
+            c_old = tl.load(cp, mask=smask, other=0.0, volatile=VOL)
+            acc = _mm_k_chunks(xs, wx_at, kk, g4, tl.zeros([BLOCK_M, G4], dtype=tl.float32), G4, BLOCK_K, 0, NCH,
+                               PREC, BF16, UPCAST)
+            acc = _mm_k_chunks(hs, wh_at, kk, g4, acc, G4, BLOCK_K, 0, NCH, PREC, BF16, UPCAST)
+        else:
+            if layer > 0:
+                acc = _mm_rows(x_rows, rmask, kk, g4, wx_at, tl.zeros([BLOCK_M, G4], dtype=tl.float32), H, KH,
+                               BLOCK_K, G4, True, VOL, GROUP, PREC, BF16, UPCAST)
+            c_old = tl.load(cp, mask=smask, other=0.0, volatile=VOL)  # in flight with h's loads
+            acc = _mm_rows(h_rows, rmask, kk, g4, wh_at, acc, H, KH, BLOCK_K, G4, False, VOL, GROUP,
+                           PREC, BF16, UPCAST)
+        acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
+        gi, gf, gg, go = _split_gates(acc, BLOCK_M, BH)
+        h_new, c_new = _cell(gi, gf, gg, go, c_old)
         # Window mode: the emitted index restarts as the window beginning at t+1.
         tl.store(cp, tl.where(keep[:, None], c_new, 0.0), mask=smask)
         xrow = (layer * n_r + r).to(tl.int64)
@@ -225,16 +317,17 @@ def _lstm_head(part, n_parts, n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, h
             hrow = ((L - 1) * n_rows + b).to(tl.int64) * W + e
         else:
             hrow = ((L - 1) * n_rows + b).to(tl.int64)
+        slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        # every chunk's load in flight at once ([HB, KH]: 16-32 registers), then the sums in chunk order
+        hs = _k_chunks(scratch_ptr + hrow * H, bmask, kk, H, BLOCK_K, 0, KH // BLOCK_K, True, VOL)
         l0 = tl.zeros([HB], dtype=tl.float32)
         l1 = tl.zeros([HB], dtype=tl.float32)
         l2 = tl.zeros([HB], dtype=tl.float32)
-        for k0 in range(0, KH, BLOCK_K):
-            kidx = k0 + kk
-            hv = _ld_l2(scratch_ptr + hrow[:, None] * H + kidx[None, :], bmask[:, None] & (kidx < H)[None, :], VOL)
-            l0 += tl.sum(hv * tl.load(hw_ptr + kidx)[None, :], axis=1)
-            l1 += tl.sum(hv * tl.load(hw_ptr + KH + kidx)[None, :], axis=1)
-            l2 += tl.sum(hv * tl.load(hw_ptr + 2 * KH + kidx)[None, :], axis=1)
-        slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=VOL).to(tl.int64)
+        for ci in tl.static_range(KH // BLOCK_K):
+            kidx = ci * BLOCK_K + kk
+            l0 += tl.sum(hs[ci] * tl.load(hw_ptr + kidx)[None, :], axis=1)
+            l1 += tl.sum(hs[ci] * tl.load(hw_ptr + KH + kidx)[None, :], axis=1)
+            l2 += tl.sum(hs[ci] * tl.load(hw_ptr + 2 * KH + kidx)[None, :], axis=1)
         _decide_store(l0 + tl.load(hb_ptr), l1 + tl.load(hb_ptr + 1), l2 + tl.load(hb_ptr + 2),
                       b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
 
@@ -264,7 +357,7 @@ def _lstm_kernel(
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, PH_BEGIN: tl.constexpr, PH_END: tl.constexpr, WRITE_RING: tl.constexpr,
     ROWS_RING: tl.constexpr, HOST_IN: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr,
-    UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
+    UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
 ):
     # grid (NB, MS): program (j, ms) owns hidden units j*BH.. of every layer, for row
     # tiles ms, ms + MS, ... (MS > 1 spreads large batches over more SMs)
@@ -283,7 +376,7 @@ def _lstm_kernel(
             _lstm_layer(ph, j, ms, n_ms, n_rows, rows_ptr, RH, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                         wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                         F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, ROWS_RING, HOST_IN,
-                        PREC, BF16, UPCAST)
+                        PREC, BF16, UPCAST, BOTH, GROUP)
         else:
             _lstm_head(ms * NB + j, NB * n_ms, n_rows, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr,
                        held_ptr, out_ptr, H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, HOST_IN)
@@ -510,4 +603,5 @@ def launch_lstm(w: LstmWeights, ws: LstmWorkspace, h: torch.Tensor, c: torch.Ten
             BH=w.block_h, NB=w.n_blocks, BLOCK_M=block_m, WINDOW=window, PH_BEGIN=begin, PH_END=end,
             WRITE_RING=write_ring, ROWS_RING=rows_ring, HOST_IN=host_in, PREC=prec, BF16=bf16,
             UPCAST=bf16 and interpreting(),
-            HB=16, OUT_C=OUT_COLS, num_warps=num_warps)  # HB: head rows per pass
+            HB=16, OUT_C=OUT_COLS, **prefetch_plan(w, block_m, PREFETCH_MAX_LAUNCHED * num_warps // 4),
+            num_warps=num_warps)  # HB: head rows per pass

@@ -40,7 +40,14 @@ import triton
 import triton.language as tl
 
 from hft_infer.kernels.common import OUT_COLS, dot_flags, interpreting
-from hft_infer.kernels.lstm import LstmWeights, _lstm_copy_h, _lstm_head, _lstm_layer
+from hft_infer.kernels.lstm import (
+    PREFETCH_MAX_PERSISTENT,
+    LstmWeights,
+    _lstm_copy_h,
+    _lstm_head,
+    _lstm_layer,
+    prefetch_plan,
+)
 from hft_infer.kernels.persistent import (
     CNT_DONE_C as _CNT_DONE,
     LINE_C as _LINE,
@@ -94,7 +101,7 @@ def _lstm_persistent_kernel(
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
-    TIMING: tl.constexpr, TSLOTS: tl.constexpr,
+    TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
 ):
     j = tl.program_id(0)
     ms = tl.program_id(1)
@@ -119,7 +126,7 @@ def _lstm_persistent_kernel(
                 _lstm_layer(ph, j, ms, n_ms, n, rows_ptr, 1, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                             wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                             F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
-                            PREC, BF16, UPCAST)
+                            PREC, BF16, UPCAST, BOTH, GROUP)
                 _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
                 if ph > 0:
                     # layer ph-1's old h is read by nobody any more (everyone passed barrier ph-1)
@@ -217,8 +224,9 @@ class LstmPersistent(PersistentKernel):
                      BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
                      WINDOW=self.window_mode, **self.ring_consts(),
                      PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
-                     TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps,
-                     num_stages=NUM_STAGES))
+                     TIMING=self.timing, TSLOTS=self.time_slots,
+                     **prefetch_plan(w, self.block_m, PREFETCH_MAX_PERSISTENT * self.num_warps // 4),
+                     num_warps=self.num_warps, num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:
         self.h.zero_()

@@ -155,3 +155,22 @@ def test_lstm_window_matches_references(case: Case):
             err = rel_err(out64[:n_real, COL_LOGITS:COL_LOGITS + 3], rec)
             assert err <= 1e-10, f"step {step}: float64 incremental reference vs recompute {err:.3g}"
     assert ws.sync[0].item() == 0, "barrier counter must be back at zero after a launch"
+
+
+@pytest.mark.parametrize("hidden", [12, 40, 80, 128, 256])
+def test_prefetch_plans_fit_their_budget_and_cover_every_chunk(hidden):
+    """`prefetch_plan`: both operands at once only within the budget; a group of chunks within it,
+    dividing the operand's chunks (the groups are a loop over equal parts), the largest that does."""
+    from hft_infer.kernels.lstm import prefetch_plan, prepare_lstm_weights
+
+    params, _ = make_lstm(2, hidden, 2, torch.Generator().manual_seed(hidden))
+    w = prepare_lstm_weights(params, device="cpu", block_h=4)
+    nch = w.kh // w.block_k
+    for block_m in (16, 32, 64, 128):
+        for budget in (0, 1024, 2048, 4096, 8192):
+            plan = prefetch_plan(w, block_m, budget)
+            assert plan["BOTH"] == (2 * block_m * w.kh <= budget)
+            g = plan["GROUP"]
+            assert g >= 1 and nch % g == 0 and (g == 1 or g * block_m * w.block_k <= budget), (block_m, budget, plan)
+            bigger = 2 * g
+            assert not (nch % bigger == 0 and bigger * block_m * w.block_k <= budget), "not the largest group"
