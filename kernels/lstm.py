@@ -191,6 +191,14 @@ def _mm_rows(row_ptr, rmask, kk, g4, w_ptr, acc, H: tl.constexpr, KH: tl.constex
 
 
 @triton.jit
+def _c_tile(c_ptr, srow, unit, rmask, umask, H: tl.constexpr, VOL: tl.constexpr):
+    """A tile's cell state: its pointers, mask and values (volatile when VOL)."""
+    smask = rmask[:, None] & umask[None, :]
+    cp = c_ptr + srow[:, None] * H + unit[None, :]
+    return cp, smask, tl.load(cp, mask=smask, other=0.0, volatile=VOL)
+
+
+@triton.jit
 def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                 wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                 F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
@@ -247,8 +255,6 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
                 tl.store(xp_base + bx[:, None] * G4 + g4[None, :], xp, mask=bmask[:, None])
             tl.debug_barrier()  # the gather below reads what other threads of this program stored
             acc = tl.load(xp_base + b[:, None] * G4 + g4[None, :], mask=rmask[:, None], other=0.0)
-        smask = rmask[:, None] & umask[None, :]
-        cp = c_ptr + srow[:, None] * H + unit[None, :]
         h_rows = h_ptr + srow * H
         wh_at = wh_ptr + (layer * NB + j) * KH * G4
         # Input of layers > 0: the layer below's new h of the same rows, written by every program (.cg: L2).
@@ -259,7 +265,7 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
             tl.debug_barrier()  # see _k_chunks
             xs = _k_chunks(x_rows, rmask, kk, H, BLOCK_K, 0, NCH, True, VOL)
             hs = _k_chunks(h_rows, rmask, kk, H, BLOCK_K, 0, NCH, False, VOL)
-            c_old = tl.load(cp, mask=smask, other=0.0, volatile=VOL)
+            cp, smask, c_old = _c_tile(c_ptr, srow, unit, rmask, umask, H, VOL)
             acc = _mm_k_chunks(xs, wx_at, kk, g4, tl.zeros([BLOCK_M, G4], dtype=tl.float32), G4, BLOCK_K, 0, NCH,
                                PREC, BF16, UPCAST)
             acc = _mm_k_chunks(hs, wh_at, kk, g4, acc, G4, BLOCK_K, 0, NCH, PREC, BF16, UPCAST)
@@ -267,9 +273,15 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
             if layer > 0:
                 acc = _mm_rows(x_rows, rmask, kk, g4, wx_at, tl.zeros([BLOCK_M, G4], dtype=tl.float32), H, KH,
                                BLOCK_K, G4, True, VOL, GROUP, PREC, BF16, UPCAST)
-            c_old = tl.load(cp, mask=smask, other=0.0, volatile=VOL)  # in flight with h's loads
+            if GROUP > 1:  # c in flight with h's first group
+                cp, smask, c_old = _c_tile(c_ptr, srow, unit, rmask, umask, H, VOL)
             acc = _mm_rows(h_rows, rmask, kk, g4, wh_at, acc, H, KH, BLOCK_K, G4, False, VOL, GROUP,
                            PREC, BF16, UPCAST)
+            if GROUP == 1:
+                # c's pointers and load after the loop: the large-batch tiles (128 rows, 8 warps) spill
+                # already, and with c's tile live across it lstm_a's graph step at batch 64 took ~9 %
+                # longer (wave 38b)
+                cp, smask, c_old = _c_tile(c_ptr, srow, unit, rmask, umask, H, VOL)
         acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
         gi, gf, gg, go = _split_gates(acc, BLOCK_M, BH)
         h_new, c_new = _cell(gi, gf, gg, go, c_old)

@@ -150,7 +150,8 @@
 #                                          # persistent; lstm_a, lstm_b, mlp_small; batch 1 and 64), this tree and
 #                                          # BASE_TGZ's alternated twice (wave38b: lstm_a only, ~540 s; wave38c:
 #                                          # the landing tests and the persistent kernels' test, lstm_a once, ~290 s;
-#                                          # wave38d: those tests only, ~190 s)
+#                                          # wave38d: those tests only, ~190 s; wave38e: wave38b with lstm_b,
+#                                          # ~450 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1850,13 +1851,14 @@ elif [ "$phase" = wave37a ]; then
   done
   summarize
   verbatim gpu_tests hotpath s200k_new1 s200k_base1 s200k_new2 s200k_base2 engines_lstm_a1 engines_lstm_a2
-elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ]; then
+elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ] || [ "$phase" = wave38e ]; then
   # fewer dependent L2 trips in the LSTM kernels (persistent and launched): the GPU tests with the kernel tests
   # first (a landing from this call), then issue 13's engine rows, this tree and BASE_TGZ's alternated.
   # wave38a, as it ran (graph and persistent, lstm_a / lstm_b / mlp_small; 330 s of tests, 150 s steps): its
   # kernel tests outran 330 s, and its base runs lacked tools/ on their path (mended); wave38b: lstm_a only (the
   # MLP change was dropped), shorter steps; wave38c: wave38b cut to ~290 s (the persistent kernels' GPU test
-  # only, one round)
+  # only, one round); wave38e: wave38b with lstm_b's rows too (after wave38b found the graph step at batch 64
+  # ~9 % slower, c's tile now loaded after the chunk loop there)
   setup_base
   lstm_tests=(tests/kernels/test_kernel_lstm_window.py tests/kernels/test_kernel_lstm_stream.py)
   kernel_tests=(tests/kernels/test_kernel_persistent.py "${lstm_tests[@]}")
@@ -1865,6 +1867,7 @@ elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ];
     wave38a) kernel_tests=(tests/kernels/test_kernel_persistent.py tests/kernels/test_kernel_mlp.py "${lstm_tests[@]}")
              models38=lstm_a/window,lstm_b/window,mlp_small/window tests_s=330 step_s=150 ;;
     wave38c) kernel_tests=(tests/kernels/test_kernel_persistent.py) tests_s=200 rounds=1 ;;
+    wave38e) models38=lstm_a/window,lstm_b/window tests_s=330 ;;
   esac
   gpu_tests "$tests_s" "${LANDING_TESTS[@]}" "${kernel_tests[@]}"
   engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
