@@ -335,7 +335,7 @@ class EventBatchPaths:
         keep = None if every else rank < accepted[group]
         if applied is not None:
             keep &= applied
-        if total:  # none accepted (a run shed LATE whole, a saturated service's usual run): no row to store
+        if total:  # 0: none accepted (a run shed LATE whole, a saturated service's usual run), no row to store
             self._write_rows(cols, order, s_sorted, starts, group, rank, keep, before, applied)
         # per event, in feed order: push's arguments (of the accepted ones)
         positions = np.empty(n, dtype=np.int64)

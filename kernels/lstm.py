@@ -171,7 +171,10 @@ def _mm_rows(row_ptr, rmask, kk, g4, w_ptr, acc, H: tl.constexpr, KH: tl.constex
     """acc += rows row_ptr [.., KH] @ w_ptr [KH, G4], the K chunks loaded GROUP at a time before
     their products (one dependent L2 trip per group; GROUP divides KH / BLOCK_K: `prefetch_plan`),
     or (GROUP 1) each before its product. The groups are a loop, not unrolled: unrolled, lstm_b's
-    16 products a layer took 255 registers and spilled."""
+    16 products a layer took 255 registers and spilled. GROUP 1 keeps the loop as it was before
+    the groups (the graph engine's 128-row tiles, measured that way): written as a group loop of
+    one chunk it compiles to other spills (ptxas, lstm_a batch 64: 400 / 48 B against 396 / 80),
+    not yet measured on a GPU."""
     if GROUP > 1:
         for c0 in range(0, KH // BLOCK_K, GROUP):
             tl.debug_barrier()  # see _k_chunks
@@ -213,10 +216,10 @@ def _lstm_layer(layer: tl.constexpr, j, ms, n_ms, n_rows, rows_ptr, RH, slots_pt
     BOTH, GROUP (`prefetch_plan`): the products' K chunks are loaded before their products (each
     tl.dot stages its operands through shared memory behind a CTA barrier, and no load moves
     across one, so a load inside a chunk loop waits for the previous chunk's product: KH /
-    BLOCK_K dependent L2 round trips per operand): both operands and c at once (BOTH), else each
-    operand GROUP chunks at a time (`_mm_rows`), c in flight with h's first group; GROUP 1: the
-    loop, and c loaded after it (`_c_tile`: live across the loop it cost the spilling 128-row
-    tiles ~9 %)."""
+    BLOCK_K dependent L2 round trips per operand): both operands and c at once (BOTH, layers > 0:
+    layer 0's input is the projection above), else each operand GROUP chunks at a time
+    (`_mm_rows`), c in flight with h's first group; GROUP 1: the loop, and c loaded after it
+    (`_c_tile`: live across the loop it cost the spilling 128-row tiles ~9 %)."""
     G4: tl.constexpr = 4 * BH
     XB: tl.constexpr = 16
     m = tl.arange(0, BLOCK_M)
