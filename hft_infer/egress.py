@@ -2,18 +2,19 @@
 
 Everything the loop answers in one iteration (a step's decisions, events shed
 or rejected at ingest, requests shed at pick time) is collected in
-`Answers`, columnar (one `array.array` per field, in the field's wire type:
-values are converted as they go in, whole columns at a time where they come
-as columns), and `Egress.flush` sends it once per iteration:
+`Answers`, columnar, in each field's wire type: whole columns that come as
+numpy arrays kept as blocks until the flush, answers that come one at a time
+or as lists in one `array.array` per field. `Egress.flush` sends it once per
+iteration:
 
 - `mode = "batch"`: ONE `DecisionBatch` frame (topic ff ff ff fe). The
-  answer columns are `array.array`s of the wire's own types (little-endian
-  hosts), so the frame is one `bytes.join` of the cached msgpack framing and
-  the nine columns' buffers, byte for byte what msgspec would write. Values
-  are converted as they go in, not at flush (one struct call over 64 answers
-  cost ~16 µs on the dev VM, the join ~1.5; the conversion moved, less what
-  goes in as bytes: a step's scores and actions from the engine's numpy
-  outputs, the constant outcome columns, a column run's sheds).
+  columns are buffers of the wire's own types (little-endian hosts), so the
+  frame is one `bytes.join` of the cached msgpack framing and the nine
+  columns' buffers, byte for byte what msgspec would write. Values are
+  converted as they go in, not at flush (one struct call over 64 answers
+  cost ~16 µs on the dev VM, the join ~1.5), and a large step's columns go
+  in as the arrays its gather made (a block: no copy into ours; BENCHMARKS.md
+  wave 40).
 - `mode = "per_instrument"`: one `Decision` frame per answer on the
   instrument's topic, for subscribers that filter by instrument.
 
@@ -43,12 +44,18 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _raw_send = zmq.backend.Socket.send
 _SHED_BYTE, _DECIDED_BYTE = bytes((int(Outcome.SHED),)), bytes((int(Outcome.DECIDED),))
 _U32_MAX = (1 << 32) - 1
+_U32 = np.dtype(np.uint32)
 # array/struct codes of DECISION_BATCH_COLUMNS, in wire order; the arrays hold native values, which
 # are the wire's on a little-endian host (batch_bytes encodes through msgspec elsewhere)
 _CODES = {"<u4": "I", "<u8": "Q", "u1": "B", "i1": "b", "<f4": "f", "<i8": "q"}
 _COLUMN_CODES = tuple(_CODES[dt] for _, dt in DECISION_BATCH_COLUMNS)
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _NUMPY_TYPES = {_CODES[dt]: np.dtype(dt).newbyteorder("=") for _, dt in DECISION_BATCH_COLUMNS}
+# a block's columns taken as they are (_wire_buffer): the wire's own type on a little-endian host
+# (numpy's singleton for it), or its same-sized integer twin (int64 for uint64, ...)
+_WIRE_DTYPES = {c: np.dtype(t.char) for c, t in _NUMPY_TYPES.items()}
+_TWIN_DTYPES = {c: np.dtype(t.char.swapcase()) if t.kind in "iu" and t.char.swapcase() in np.typecodes["AllInteger"]
+                else t for c, t in _WIRE_DTYPES.items()}
 assert all(array.array(c).itemsize == struct.calcsize(f"<{c}") for c in _COLUMN_CODES), "array item sizes"
 assert [name for name, _ in DECISION_BATCH_COLUMNS] == ["instrument", "seq", "status", "reason", "action", "score",
                                                         "n_conflated", "ts_send_ns", "ts_recv_ns"]
@@ -92,19 +99,68 @@ def _fill(col: array.array, values) -> None:
         col.fromlist(list(values))
 
 
-class Answers:
-    """Answers waiting for the next flush, one `array.array` per DecisionBatch column, of the
-    column's wire type (n_conflated saturates at uint32 as it goes in). Cold paths add one
-    answer at a time (`add`); columns go in whole (`add_shed`, `add_decided`)."""
+def _wire_buffer(values, code: str):
+    """A block's column (Answers): `values` as a C-contiguous buffer of the column's wire bytes. An
+    integer numpy array of the wire's type, or of its same-sized twin (an int64 of non-negative
+    values is the uint64's bytes: the request table's), is taken as it is; any other array is
+    converted (a new array); a list or tuple goes through array.array (a value out of range
+    raises). Checked by identity (numpy's native dtypes are singletons): ~0.1 µs a column."""
+    if type(values) is np.ndarray:
+        dt = values.dtype
+        if (dt is _WIRE_DTYPES[code] or dt is _TWIN_DTYPES[code]) and values.flags.c_contiguous:
+            return values
+        return values.astype(_NUMPY_TYPES[code])
+    if type(values) is bytes:
+        return values
+    return array.array(code, values)
 
-    __slots__ = ("inst", "seq", "status", "reason", "action", "score", "nconf", "ts_send", "ts_recv")
+
+def _as_bytes(buf) -> memoryview:
+    """A contiguous buffer (bytes, array, numpy array) as bytes: array.frombytes takes byte-sized
+    items only (a numpy array of wider items raises "a bytes-like object is required")."""
+    return memoryview(buf).cast("B")
+
+
+def _saturated_nconf(nconf: np.ndarray) -> np.ndarray:
+    """n_conflated as the wire's uint32, saturated (numpy would wrap a value past uint32, not raise);
+    a uint32 array is taken as it is (the stepper's: the scheduler saturates as it counts)."""
+    if nconf.dtype is _U32:
+        return nconf
+    return np.minimum(nconf, _U32_MAX).astype(_U32)
+
+
+class Answers:
+    """Answers waiting for the next flush, in the DecisionBatch columns' wire types, in the order
+    they were added, held two ways:
+
+    - blocks: whole columns that come as numpy arrays (a large step's decisions, a column run's
+      sheds), kept as the caller's arrays until the flush joins their buffers into the frame:
+      no copy into a column of ours, no Python object per answer. In the loop each numpy call
+      costs ~1-2 µs on the dev VM, so a block is built with as few as the data allows. An array
+      given to Answers must not be written by its caller until the flush (add_decided copies the
+      engine's output buffers, which the next step reuses).
+    - one `array.array` per column (the `__slots__` fields) for answers added one at a time (`add`:
+      cold paths, a step of one) or as lists and tuples. A block added after such answers
+      seals them into a block first, so the order holds.
+
+    n_conflated saturates at uint32 as it goes in. `columns()` gathers everything into the
+    arrays (tests, per-instrument egress, msgspec's reference encoding); `wire_columns()` is what
+    the batch frame joins."""
+
+    __slots__ = ("inst", "seq", "status", "reason", "action", "score", "nconf", "ts_send", "ts_recv",
+                 "_blocks", "_in_blocks")
 
     def __init__(self) -> None:
+        self._new_arrays()
+        self._blocks: list[tuple] = []
+        self._in_blocks = 0  # answers held in blocks
+
+    def _new_arrays(self) -> None:
         for name, code in zip(self.__slots__, _COLUMN_CODES):
             setattr(self, name, array.array(code))
 
     def __len__(self) -> int:
-        return len(self.inst)
+        return len(self.inst) + self._in_blocks
 
     def add(self, inst: int, seq: int, status: int, reason: int, action: int, score: float, nconf: int,
             ts_send: int, ts_recv: int) -> None:
@@ -121,39 +177,57 @@ class Answers:
 
     def add_shed(self, inst, seq, reason: int, nconf, ts_send, ts_recv) -> None:
         """Shed answers of one reason as columns: equal-length lists, or integer numpy arrays (a
-        column run's sheds: taken as bytes in the column's type); nconf None: none conflated.
-        Under overload most answers are sheds: a column at a time costs ~10x less per answer
-        than `add`."""
+        column run's sheds: a block); nconf None: none conflated. Under overload most answers
+        are sheds: a column at a time costs ~10x less per answer than `add`."""
         n = len(inst)
+        if type(nconf) is np.ndarray:
+            nconf = _saturated_nconf(nconf)
         self._add_outcomes(inst, seq, _SHED_BYTE * n, bytes((reason,)) * n, bytes(n), bytes(4 * n),  # 0.0 as f32
                            bytes(4 * n) if nconf is None else nconf, ts_send, ts_recv)
 
     def add_decided(self, inst, seq, nconf, ts_send, ts_recv, scores: np.ndarray,
                     actions: np.ndarray) -> None:
         """A step's decisions: inst, seq, nconf, ts_send and ts_recv lists or tuples (a small
-        step's), or numpy arrays (a large step's, gathered from the scheduler's columns: taken as
-        bytes); scores and actions the engine's numpy outputs, taken as bytes (no Python float or
-        int per decision)."""
+        step's), or numpy arrays (a large step's, gathered from the scheduler's request table: a
+        block); scores and actions the engine's numpy outputs, copied in the wire's types (no
+        Python float or int per decision)."""
         n = len(inst)
-        self._add_outcomes(inst, seq, _DECIDED_BYTE * n, bytes(n), actions.astype(np.int8).tobytes(),
-                           scores.astype(np.float32, copy=False).tobytes(), nconf, ts_send, ts_recv)
+        if type(nconf) is np.ndarray:
+            nconf = _saturated_nconf(nconf)
+        self._add_outcomes(inst, seq, _DECIDED_BYTE * n, bytes(n), actions.astype(np.int8),
+                           scores.astype(np.float32), nconf, ts_send, ts_recv)
 
-    def _add_outcomes(self, inst, seq, status: bytes, reason: bytes, action: bytes, score: bytes, nconf, ts_send,
+    def _add_outcomes(self, inst, seq, status: bytes, reason: bytes, action, score, nconf, ts_send,
                       ts_recv) -> None:
-        """`add_shed` and `add_decided`: the outcome columns as their wire bytes, the others as
-        `_fill` takes them (nconf as bytes too: all zero)."""
+        """`add_shed` and `add_decided`: numpy inst: a block; else into the arrays, the outcome
+        columns as their wire bytes, the others as `_fill` takes them."""
+        if type(inst) is np.ndarray:
+            if len(self.inst):
+                self._seal_arrays()
+            c = _COLUMN_CODES
+            self._blocks.append((_wire_buffer(inst, c[0]), _wire_buffer(seq, c[1]), status, reason, action, score,
+                                 _wire_buffer(nconf, c[6]), _wire_buffer(ts_send, c[7]),
+                                 _wire_buffer(ts_recv, c[8])))
+            self._in_blocks += len(inst)
+            return
         _fill(self.inst, inst)
         _fill(self.seq, seq)
         self.status.frombytes(status)
         self.reason.frombytes(reason)
-        self.action.frombytes(action)
-        self.score.frombytes(score)
+        self.action.frombytes(_as_bytes(action))
+        self.score.frombytes(_as_bytes(score))
         if type(nconf) is bytes:
             self.nconf.frombytes(nconf)
         else:
             self.extend_nconf(nconf)
         _fill(self.ts_send, ts_send)
         _fill(self.ts_recv, ts_recv)
+
+    def _seal_arrays(self) -> None:
+        """The answers in the arrays become a block (before a block added after them), new arrays."""
+        self._blocks.append(self._arrays())
+        self._in_blocks += len(self.inst)
+        self._new_arrays()
 
     def add_columns(self, inst, seq, status, reason, action, score, nconf, ts_send, ts_recv) -> None:
         """Answers given column by column, as lists or tuples of equal length (a step with stale
@@ -173,13 +247,43 @@ class Answers:
         except OverflowError:  # cold: four billion conflations into one request
             self.nconf.fromlist([v if v <= _U32_MAX else _U32_MAX for v in values])
 
-    def columns(self) -> tuple[array.array, ...]:
+    def _arrays(self) -> tuple[array.array, ...]:
         return (self.inst, self.seq, self.status, self.reason, self.action, self.score, self.nconf,
                 self.ts_send, self.ts_recv)
 
+    def wire_columns(self) -> tuple:
+        """Every pending answer's columns as buffers of their wire bytes, in order (the batch
+        frame's columns): the arrays alone, or one block alone, as they are; else each column's
+        parts joined."""
+        if not self._blocks:
+            return self._arrays()
+        if not len(self.inst) and len(self._blocks) == 1:
+            return self._blocks[0]
+        parts = self._blocks + [self._arrays()] if len(self.inst) else self._blocks
+        return tuple(b"".join(col) for col in zip(*parts))
+
+    def columns(self) -> tuple[array.array, ...]:
+        """Every pending answer, one array per column (of Python values): the blocks moved into the
+        arrays first (cold: tests, per-instrument egress, msgspec's reference encoding)."""
+        if self._blocks:
+            if len(self.inst):
+                self._seal_arrays()
+            blocks = self._blocks
+            self._new_arrays()
+            for col, parts in zip(self._arrays(), zip(*blocks)):
+                for part in parts:
+                    col.frombytes(_as_bytes(part))
+            self._blocks = []
+            self._in_blocks = 0
+        return self._arrays()
+
     def clear(self) -> None:
-        for col in self.columns():
-            del col[:]
+        if self._blocks:
+            self._blocks.clear()
+            self._in_blocks = 0
+        if len(self.inst):
+            for col in self._arrays():
+                del col[:]
 
 
 class Egress:
@@ -204,7 +308,7 @@ class Egress:
     def flush(self, ts_decision_ns: int) -> int:
         """Send what has been answered since the last flush; returns the number of answers."""
         a = self.answers
-        n = len(a.inst)
+        n = len(a)
         if n == 0:
             return 0
         if self.mode == "batch":
@@ -216,22 +320,22 @@ class Egress:
 
     def batch_bytes(self, ts_decision_ns: int) -> bytes:
         """The pending answers as the bytes of one DecisionBatch frame (does not clear them): the
-        framing of this batch size (_frame_template) and the columns' buffers, in a list cached per
-        size (the columns are cleared and refilled in place), joined with the timestamp. A
+        framing of this batch size (_frame_template), cached per size, and the columns' buffers
+        (Answers.wire_columns), joined with the timestamp. A
         timestamp outside msgpack's uint 64 form, or a big-endian host, goes through msgspec."""
-        cols = self.answers.columns()
-        n = len(cols[0])
+        n = len(self.answers)
         if not _U32_MAX < ts_decision_ns < 1 << 64 or not _LITTLE_ENDIAN:
             return bytes(self._encoder.encode(self.batch_frame(ts_decision_ns)))
         parts = self._frames.get(n)
-        if parts is None:  # the frame's parts with the answer columns themselves, cleared and refilled in place
+        if parts is None:  # the frame's parts, the columns' places (every other one from the 5th) filled at each use
             before_ts, after_ts, heads = _frame_template(n, self.model_version)
             parts = [before_ts, b"", after_ts]
-            for head, col in zip(heads, cols):
-                parts += (head, col)
+            for head in heads:
+                parts += (head, b"")
             if len(self._frames) < 4096:  # sizes seen (a flush of sheds can be large): bounded
                 self._frames[n] = parts
         parts[1] = ts_decision_ns.to_bytes(8, "big")
+        parts[4::2] = self.answers.wire_columns()
         return b"".join(parts)
 
     def batch_frame(self, ts_decision_ns: int) -> DecisionBatch:

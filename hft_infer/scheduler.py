@@ -93,7 +93,12 @@ and writes through memoryviews of them (`r_slot`, `s_len`, ...: a scalar store
 ~23 ns on the dev VM, against ~10 into a list and ~35 into the array itself),
 so that the EventBatch column path can queue a whole run with a few numpy
 scatters (`push_columns`) where a loop over lists cost ~0.7-1.5 µs an event
-(BENCHMARKS.md wave 24). Request ids come from a free list, so
+(BENCHMARKS.md wave 24). The request table's integer columns are the rows of one
+int64 array (`request_table`, seq's row seen as uint64), so that a step's answers
+gather every column a request echoes in ONE `take` (Stepper._answer_columns: in the
+loop, each numpy call costs ~1-2 µs on the dev VM, several times its cost in a tight
+loop); `stale` stays a bool array of its own (its memoryview takes numpy's bools, an
+int64 one refuses them). Request ids come from a free list, so
 `live_requests()` (ids handed out and not yet released) is counted
 independently of the service's outcome counters.
 """
@@ -107,12 +112,15 @@ import numpy as np
 from hft_infer.config import SchedulerConfig
 
 NO_REQUEST = -1
+# a request's n_conflated saturates at the wire's uint32 as it is counted, so that an answer takes
+# the table's column as it is (the `conflated` counter keeps the exact count)
+NCONF_MAX = (1 << 32) - 1
 _KEY = itemgetter(0)
-# the request table's columns (Scheduler.r_<name>): seq and ts_send_ns are what the codec
-# accepts (uint64; int64, transport/codec.py TS_LIMIT), the clocks perf_counter_ns
-_REQUEST_COLUMNS = (("slot", np.int64), ("pos", np.int64), ("seq", np.uint64), ("cls", np.int64),
-                    ("recv_ns", np.int64), ("origin_ns", np.int64), ("send_epoch_ns", np.int64),
-                    ("nconf", np.int64), ("stale", np.bool_))
+# the request table's integer columns (Scheduler.r_<name>), in the order of `request_table`'s rows:
+# seq and ts_send_ns are what the codec accepts (uint64, seq's row seen as such; int64,
+# transport/codec.py TS_LIMIT), the clocks perf_counter_ns. Plus `stale`, a bool column of its own.
+REQUEST_ROWS = ("slot", "pos", "seq", "cls", "recv_ns", "origin_ns", "send_epoch_ns", "nconf")
+ROW = {name: i for i, name in enumerate(REQUEST_ROWS)}
 
 
 def slot_runs(slots) -> tuple:
@@ -211,11 +219,14 @@ class Scheduler:
 
         cap = cfg.capacity
         self.capacity = cap
-        # request table, indexed by request id: numpy columns (push_columns scatters into them, a
-        # large step's answers gather from them: Stepper._answer_columns) and a memoryview of each
-        # for the scalar code (module docstring)
-        self._r = {name: np.zeros(cap, dtype) for name, dtype in _REQUEST_COLUMNS}
-        self.request_columns = self._r
+        # request table, indexed by request id: numpy columns (push_columns scatters into them; a
+        # large step's answers gather from `request_table` at once: Stepper._answer_columns) and a
+        # memoryview of each for the scalar code (module docstring)
+        self.request_table = np.zeros((len(REQUEST_ROWS), cap), np.int64)
+        self._r = {name: self.request_table[i] for i, name in enumerate(REQUEST_ROWS)}
+        self._r["seq"] = self.request_table.view(np.uint64)[ROW["seq"]]
+        self._r["stale"] = np.zeros(cap, np.bool_)
+        self.request_columns = self._r  # by name: the rows above, and stale
         r = {name: memoryview(col) for name, col in self._r.items()}
         self.r_slot, self.r_pos, self.r_seq, self.r_cls = r["slot"], r["pos"], r["seq"], r["cls"]
         self.r_recv_ns = r["recv_ns"]  # perf_counter_ns at receive
@@ -305,7 +316,8 @@ class Scheduler:
                 self.r_recv_ns[rid] = recv_ns
                 self.r_origin_ns[rid] = origin_ns
                 self.r_send_epoch_ns[rid] = send_epoch_ns
-                self.r_nconf[rid] += 1 + superseded
+                nconf = self.r_nconf[rid] + 1 + superseded
+                self.r_nconf[rid] = nconf if nconf < NCONF_MAX else NCONF_MAX
                 self.conflated += 1 + superseded
                 return rid
         elif self.s_len[slot] >= self.admit_depth:
@@ -320,7 +332,7 @@ class Scheduler:
         self.r_recv_ns[rid] = recv_ns
         self.r_origin_ns[rid] = origin_ns
         self.r_send_epoch_ns[rid] = send_epoch_ns
-        self.r_nconf[rid] = superseded
+        self.r_nconf[rid] = superseded if superseded < NCONF_MAX else NCONF_MAX
         self.conflated += superseded
         self.r_stale[rid] = stale
         self.pending += 1

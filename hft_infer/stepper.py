@@ -45,9 +45,13 @@ followed by the next within ~100 µs of ingest rather than a whole burst's
 step, and the sequential model, one event per instrument per step, stepped
 only ~25k rows/s). Stage samples are recorded per step or per burst, as
 Python list extends (metrics.SampleBuffer): no numpy call per step, except in a
-step of ANSWER_COLUMNS_MIN requests or more, whose answers and samples are
-numpy columns gathered from the scheduler's request table (fixed costs that a
-large step's per-answer Python outweighs).
+step of ANSWER_COLUMNS_MIN requests or more, whose answers are numpy columns
+gathered from the scheduler's request table in one `take` and kept as they are
+until the flush joins them into the frame (egress.Answers' blocks), and whose
+samples are differences worked out at the fold (SampleBuffer.add_differences):
+in the loop each numpy call costs ~1-2 µs on the dev VM, several times its
+cost in a tight run of them, so the count of calls is what a step pays
+(fixed costs that a large step's per-answer Python outweighs).
 
 Coalescing (`ingest.coalesce_us`, `feed_due`): while a full batch is already queued (max_batch
 rows, or three quarters of the shard's slots where that is fewer), reading more of the feed
@@ -79,6 +83,7 @@ from operator import itemgetter
 import numpy as np
 
 from hft_infer.clock import perf_ns
+from hft_infer.scheduler import ROW
 from hft_infer.transport.schema import Outcome, Reason
 
 DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
@@ -89,7 +94,8 @@ STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 # --only-publish`, BENCHMARKS.md wave 35): ~46 on an H100 host (columns 1.10x at 32, 0.98x at 48,
 # 0.89x at 64), ~23 on the dev VM; set for the GPU hosts the service is deployed on
 ANSWER_COLUMNS_MIN = 48
-_ANSWER_COLUMNS = ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns")  # what an answer echoes of a request
+# the request table's rows an answer echoes (Scheduler.request_table)
+_SLOT, _SEQ, _NCONF, _SEND, _RECV = (ROW[name] for name in ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns"))
 
 
 class _Batch:
@@ -264,31 +270,28 @@ class Stepper:
         return self._answer_step(t_submit, cols, g(sched.r_stale), scores, actions)
 
     def _answer_columns(self, t_submit: int, rids: list[int], scores, actions) -> int:
-        """`_answer_rows` for a large step (ANSWER_COLUMNS_MIN): the scheduler's numpy columns
-        gathered by request id, one fancy index each whatever the step's size, and the answers and
-        stage samples taken in as bytes (no Python int per answer). A step holding stale rows (a
-        sequential model's, applied with their decisions withheld) goes the tuple way. Returns
-        the oldest decided event's receive time where an adaptive wait wants it (else 0)."""
-        stale, slots, seqs, nconfs, sends, recv = self._request_columns(rids, "stale", *_ANSWER_COLUMNS)
-        if np.count_nonzero(stale):
+        """`_answer_rows` for a large step (ANSWER_COLUMNS_MIN): every column a request echoes
+        gathered from the scheduler's request table in one `take`, whatever the step's size, and
+        the answers (a block of Answers: the gathered rows themselves where their bytes are the
+        wire's) and stage samples taken in as buffers (no Python int per answer). A step holding
+        stale rows (a non-conflating model's, applied with their decisions withheld) goes the
+        tuple way. Returns the oldest decided event's receive time where an adaptive wait wants
+        it (else 0)."""
+        sched = self.sched
+        idx = np.fromiter(rids, np.intp, len(rids))
+        if not sched.conflate and np.count_nonzero(sched.request_columns["stale"].take(idx)):
             return self._answer_rows(t_submit, rids, scores, actions)
+        req = sched.request_table.take(idx, axis=1)
+        recv, sends = req[_RECV], req[_SEND]
         ts_recv = recv + self.clock.offset_ns
-        self.egress.answers.add_decided(self._ids_u32[slots], seqs, nconfs, sends, ts_recv, scores, actions)
+        self.egress.answers.add_decided(self._ids_u32.take(req[_SLOT]), req[_SEQ], req[_NCONF].astype(np.uint32),
+                                        sends, ts_recv, scores, actions)
         self.acct.decided += len(recv)
         self._service_recv_cols.append(recv)
         bufs = self.bufs
-        bufs["queue"].values.frombytes((t_submit - recv).tobytes())
-        wire = ts_recv - sends
-        if np.count_nonzero(sends) < len(sends):  # an event without a send time has no wire sample
-            wire = wire[sends != 0]
-        bufs["wire"].values.frombytes(wire.tobytes())
-        return int(recv.min()) if self.sched.adaptive is not None else 0
-
-    def _request_columns(self, rids: list[int], *names: str) -> list[np.ndarray]:
-        """The scheduler's request columns `names` at `rids`, as numpy arrays (one fancy index each)."""
-        r = self.sched.request_columns
-        idx = np.fromiter(rids, np.intp, len(rids))
-        return [r[name][idx] for name in names]
+        bufs["queue"].add_differences(t_submit, recv)
+        bufs["wire"].add_differences(ts_recv, sends, unless_zero=True)  # an event without a send time has none
+        return int(recv.min()) if sched.adaptive is not None else 0
 
     def _answer_step(self, t_submit: int, cols: tuple, stales: tuple, scores, actions) -> int:
         """Answer a step of several requests (the scheduler's columns picked by request id) and
@@ -357,9 +360,9 @@ class Stepper:
         sched = self.sched
         self.acct.shed_some(reason, len(rids))
         if self.publish_shed and len(rids) >= self.answer_columns_min:  # as `_answer_columns`
-            slots, seqs, nconfs, sends, recvs = self._request_columns(rids, *_ANSWER_COLUMNS)
-            self.egress.answers.add_shed(self._ids_u32[slots], seqs, reason, nconfs, sends,
-                                         recvs + self.clock.offset_ns)
+            req = sched.request_table.take(np.fromiter(rids, np.intp, len(rids)), axis=1)  # as `_answer_columns`
+            self.egress.answers.add_shed(self._ids_u32.take(req[_SLOT]), req[_SEQ], reason,
+                                         req[_NCONF].astype(np.uint32), req[_SEND], req[_RECV] + self.clock.offset_ns)
         elif self.publish_shed and rids:
             offset, ids = self.clock.offset_ns, self.ids
             slots, seqs, nconfs, sends, recvs = (
@@ -380,9 +383,9 @@ class Stepper:
             self.bufs["service"].values.fromlist([t_sent - r for r in self._service_recv])
             self._service_recv.clear()
         if self._service_recv_cols:
-            values = self.bufs["service"].values
+            service = self.bufs["service"]
             for recv in self._service_recv_cols:
-                values.frombytes((t_sent - recv).tobytes())
+                service.add_differences(t_sent, recv)
             self._service_recv_cols.clear()
         if self._t_collect:
             self.bufs["publish"].add(t_sent - self._t_collect)

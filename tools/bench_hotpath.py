@@ -245,15 +245,23 @@ def ingest_ns_per_event(rigs: list[Rig], frames, reps: int, events: int | None =
     return [statistics.median(o) for o in out]
 
 
-def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> tuple[float, float, float]:
+def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> tuple[float, float, float, float]:
     """Stepper.complete + flush for a finished step of `batch` requests (queued directly): the
     median thread CPU time and wall time per decision, and the CPU time of the flush alone (the
-    frame's join and send) per step. The CPU time is the loop thread's own cost
-    (as the ingest rows'); the wall time also holds whatever ran on its core meanwhile -- under
-    `taskset -c K`, libzmq's I/O thread, woken by each send to move the frame on, which the
-    service places on a helper core of its own (pinning.zmq_io_affinity)."""
+    frame's join and send) per step; then the CPU time per decision of what a large step leaves to
+    the fold (SampleBuffer.add_differences: its queue, wire and service samples, worked out here
+    for every step of the run at once, as a fold does), which the first figure includes. The CPU
+    time is the loop thread's own cost (as the ingest rows'); the wall time also holds whatever
+    ran on its core meanwhile -- under `taskset -c K`, libzmq's I/O thread, woken by each send to
+    move the frame on, which the service places on a helper core of its own
+    (pinning.zmq_io_affinity)."""
     svc = rig.svc
+    # SampleBuffer.samples works out what a step deferred (a baseline tree from before it deferred nothing)
+    settle = [buf.samples for buf in svc.step.bufs.values() if hasattr(buf, "samples")]
+    for samples in settle:  # what earlier runs deferred, not this one's
+        samples()
     out, wall, flush = [], [], []
+    decided = 0
     for _ in range(reps * 20):
         rig.reset()
         now = time.perf_counter_ns()
@@ -276,7 +284,12 @@ def publish_ns_per_decision(rig: Rig, batch: int, reps: int) -> tuple[float, flo
         out.append((c2 - c0) / n)
         wall.append((t1 - t0) / n)
         flush.append(c2 - c1)
-    return statistics.median(out), statistics.median(wall), statistics.median(flush)
+        decided += n
+    c0 = time.thread_time_ns()
+    for samples in settle:
+        samples()
+    deferred = (time.thread_time_ns() - c0) / decided
+    return statistics.median(out) + deferred, statistics.median(wall) + deferred, statistics.median(flush), deferred
 
 
 class _PartTimer:
@@ -632,10 +645,11 @@ def publish_rows(a) -> list[tuple[str, float, str]]:
         rig = Rig([f"egress.mode={mode}"])
         try:
             for b in sizes:
-                cpu, wall, flush = publish_ns_per_decision(rig, b, a.reps)
+                cpu, wall, flush, deferred = publish_ns_per_decision(rig, b, a.reps)
                 rows.append((f"publish, step of {b}, egress {mode}", cpu, "ns/decision"))
                 rows.append(("  wall clock", wall, "ns/decision"))
                 rows.append(("  of which the flush (frames joined and sent)", flush, "ns/step"))
+                rows.append(("  of which left to the fold (samples worked out)", deferred, "ns/decision"))
             if mode != "batch":
                 continue
             step = rig.svc.step

@@ -152,6 +152,9 @@
 #                                          # the landing tests and the persistent kernels' test, lstm_a once, ~290 s;
 #                                          # wave38d: those tests only, ~190 s; wave38e: wave38b with lstm_b,
 #                                          # ~450 s)
+#   BASE_TGZ=F tools/gpu_session.sh wave40  # GPU tests with the kernel tests; publish (bench_hotpath --only-publish,
+#                                          # steps of 1-64) this tree and BASE_TGZ's alternated twice; issue 13's
+#                                          # lstm_a / lstm_b engine rows once each (~520 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1878,6 +1881,23 @@ elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ] 
   done
   summarize
   verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2
+elif [ "$phase" = wave40 ]; then
+  # answers as blocks, samples deferred to the fold (issue 12's publish target): the GPU tests with the
+  # kernel tests first (a landing from this call), then publish this tree and BASE_TGZ's alternated twice,
+  # then wave38e's engine rows once (the graph step at batch 64 after 859b325's fix, against BASE_TGZ)
+  setup_base
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py \
+            tests/kernels/test_kernel_lstm_window.py tests/kernels/test_kernel_lstm_stream.py
+  for k in 1 2; do
+    hotpath_pair "publish$k" 40 --only-publish --publish-sizes 1,8,16,32,64
+  done
+  engines40=(tools/bench_engines.py --quick --engines graph,persistent --models lstm_a/window,lstm_b/window
+             --batches 1,64)
+  step engines_new1 45 taskset -c 2 $PY "${engines40[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${engines40[@]}" --json "$WORK/engines_base1.json"
+  summarize
+  verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 engines_new1 engines_base1
 elif [ "$phase" = wave38d ]; then
   # the landing of next/fewer-trips with the device time left (~210 s): the landing tests and the persistent
   # kernels' GPU test only

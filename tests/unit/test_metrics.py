@@ -136,3 +136,47 @@ def test_the_idle_fold_takes_one_stage_and_only_once_it_holds_enough_samples():
     assert c.get_total_count() == 3 and c.min_value == 0 and c.max_value == c.highest_trackable_value
     assert st.fold_one(min_samples=1) == 0 and st.pending() == 0
     assert st.take_interval()["b"].total == 300
+
+
+def test_deferred_differences_are_the_samples_they_stand_for():
+    """SampleBuffer.add_differences: each block's samples (minuend - subtrahend, none where an
+    `unless_zero` subtrahend is 0) worked out at the next read, in one pass over blocks of one kind
+    or block by block over mixed ones; counted in `n` before (at most), exactly after."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for k in range(7):
+        sub = rng.integers(1, 10**9, 5 + k)
+        if k % 3 == 0:
+            sub[::2] = 0  # events without a send time
+        blocks.append((int(rng.integers(10**9, 2 * 10**9)) if k % 2 else sub + rng.integers(0, 10**6, sub.size),
+                       sub, k % 3 == 0))
+
+    def expected(chosen):
+        out = []
+        for a, b, uz in chosen:
+            d = (a - b).tolist()
+            out += [x for x, s in zip(d, b.tolist()) if s or not uz]
+        return sorted(out)
+
+    same_kind = [(a, b, False) for a, b, _ in blocks if type(a) is int]
+    for chosen in (blocks, same_kind, blocks[:1]):
+        buf = SampleBuffer(1 << 20)
+        buf.add(5)
+        for a, b, uz in chosen:
+            buf.add_differences(a, b, unless_zero=uz)
+        assert buf.n == 1 + sum(b.size for _, b, _ in chosen)
+        got = sorted(buf.take().tolist())
+        assert got == sorted([5] + expected(chosen))
+        assert buf.n == 0
+
+
+def test_a_stage_whose_deferred_samples_all_drop_out_folds_nothing():
+    """Wire samples of events none of which carried a send time: `n` counted them until the read
+    found none; the folds take nothing from that stage and go on with the others."""
+    h = StageHistograms(stages=("wire", "queue"), capacity=64)
+    h.buffers["wire"].add_differences(np.full(4, 10**6, np.int64), np.zeros(4, np.int64), unless_zero=True)
+    h.buffers["queue"].add_differences(2000, np.array([1000, 1500], np.int64))
+    assert h.fold_one(min_samples=1) == 0  # the fullest by `n` was wire: nothing in it
+    assert h.fold_some() == 2
+    h.fold()
+    assert h.cumulative["wire"].total_count == 0 and h.cumulative["queue"].total_count == 2

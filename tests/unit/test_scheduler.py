@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hft_infer.config import SchedulerConfig
-from hft_infer.scheduler import NO_REQUEST, Scheduler
+from hft_infer.scheduler import NCONF_MAX, NO_REQUEST, Scheduler
 
 US = 1000
 
@@ -232,6 +232,20 @@ def test_events_conflated_by_the_ingest_count_as_the_schedulers_own():
     assert s.r_nconf[rid] == 7 and s.conflated == 7 and (s.r_seq[rid], s.r_pos[rid]) == (7, 7)
     s.count_conflated(3)  # conflated into a trigger the ingest shed
     assert s.conflated == 10 and s.live_requests() == 1
+
+
+def test_n_conflated_saturates_at_the_wires_uint32_and_conflated_counts_on():
+    """The request table holds n_conflated saturated (NCONF_MAX), so that an answer takes the column
+    as it is; the `conflated` counter keeps the exact count."""
+    s = make(capacity=16)
+    t = 1_000_000
+    rid = s.push(0, 4, 4, 0, t, t, 0, False, NCONF_MAX + 5)
+    assert s.r_nconf[rid] == NCONF_MAX and s.conflated == NCONF_MAX + 5
+    assert s.push(0, 5, 5, 0, t + 1, t + 1, 0, False, 2) == rid
+    assert s.r_nconf[rid] == NCONF_MAX and s.conflated == NCONF_MAX + 8
+    other = s.push(1, 4, 4, 0, t, t, 0, False, NCONF_MAX - 2)
+    assert s.push(1, 5, 5, 0, t + 1, t + 1, 0, False, 2) == other  # past the bound by one
+    assert s.r_nconf[other] == NCONF_MAX and s.conflated == 2 * NCONF_MAX + 9
 
 
 def test_no_room_counts_nothing_superseded():

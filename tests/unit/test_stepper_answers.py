@@ -55,12 +55,12 @@ def _run(svc: Service, slots: list[int], t_submit_at: int) -> tuple[list[tuple],
     offset = svc.clock.offset_ns  # each service's own: ts_recv back on the perf_counter clock
     answers = sorted(a[:8] + (a[8] - offset,) for a in zip(*svc.egress.answers.columns()))
     bufs = svc.stages.buffers
-    samples = {"queue": sorted(bufs["queue"].values), "wire": sorted(w - offset for w in bufs["wire"].values)}
+    samples = {"queue": sorted(bufs["queue"].samples()), "wire": sorted(w - offset for w in bufs["wire"].samples())}
     columns_answered = len(step._service_recv_cols)
-    assert len(bufs["service"].values) == 0
+    assert len(bufs["service"].samples()) == 0
     step.flush()
-    assert len(bufs["service"].values) == svc.acct.decided and not step._service_recv_cols
-    return answers, samples, len(bufs["step"].values), columns_answered
+    assert len(bufs["service"].samples()) == svc.acct.decided and not step._service_recv_cols
+    return answers, samples, len(bufs["step"].samples()), columns_answered
 
 
 @pytest.mark.parametrize("columns", [False, True], ids=["tuples", "numpy-columns"])
