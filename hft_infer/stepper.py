@@ -88,12 +88,13 @@ from hft_infer.transport.schema import Outcome, Reason
 
 DECIDED, SHED = int(Outcome.DECIDED), int(Outcome.SHED)
 STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
-# A step of at least this many requests is answered from the scheduler's numpy columns
-# (Stepper._answer_columns: ~20 numpy calls, a fixed cost) rather than from Python tuples of them
-# (_answer_step: ~0.4 µs an answer). Where the two cross depends on the host (`bench_hotpath.py
-# --only-publish`, BENCHMARKS.md wave 35): ~46 on an H100 host (columns 1.10x at 32, 0.98x at 48,
-# 0.89x at 64), ~23 on the dev VM; set for the GPU hosts the service is deployed on
-ANSWER_COLUMNS_MIN = 48
+# A step of at least this many requests is answered from the scheduler's request table as numpy
+# columns (Stepper._answer_columns: ~10 numpy calls whatever the step's size, a fixed cost) rather
+# than from Python tuples of it (_answer_step: ~0.4 µs an answer). Where the two cross depends on the
+# host (`bench_hotpath.py --only-publish`): since the answers go in as blocks (BENCHMARKS.md wave 40)
+# between 8 and 16 on an H100 host (columns / tuples 1.02-1.03x at 8, 0.91-0.94x at 16, 0.68x at 64),
+# below 8 on the dev VM (0.93x at 8); 48 before (wave 35: ~20 numpy calls, the crossover ~46)
+ANSWER_COLUMNS_MIN = 12
 # the request table's rows an answer echoes (Scheduler.request_table)
 _SLOT, _SEQ, _NCONF, _SEND, _RECV = (ROW[name] for name in ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns"))
 

@@ -154,7 +154,9 @@
 #                                          # ~450 s)
 #   BASE_TGZ=F tools/gpu_session.sh wave40  # GPU tests with the kernel tests; publish (bench_hotpath --only-publish,
 #                                          # steps of 1-64) this tree and BASE_TGZ's alternated twice; issue 13's
-#                                          # lstm_a / lstm_b engine rows once each (~520 s)
+#                                          # lstm_a / lstm_b engine rows once each (~520 s; 373 s on an H100 host);
+#                                          # wave40b: the landing tests, then publish (steps of 1-64) alternated
+#                                          # three times (~200 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1898,6 +1900,15 @@ elif [ "$phase" = wave40 ]; then
        "$base/py" "${engines40[@]}" --json "$WORK/engines_base1.json"
   summarize
   verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 engines_new1 engines_base1
+elif [ "$phase" = wave40b ]; then
+  # wave40 after ANSWER_COLUMNS_MIN 48 -> 12: the landing tests, then publish against BASE_TGZ three times
+  setup_base
+  gpu_tests 200 "${LANDING_TESTS[@]}"
+  for k in 1 2 3; do
+    hotpath_pair "publish$k" 40 --only-publish --publish-sizes 1,8,12,16,32,64
+  done
+  summarize
+  verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 new_publish3 base_publish3
 elif [ "$phase" = wave38d ]; then
   # the landing of next/fewer-trips with the device time left (~210 s): the landing tests and the persistent
   # kernels' GPU test only
