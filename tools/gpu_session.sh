@@ -156,7 +156,9 @@
 #                                          # steps of 1-64) this tree and BASE_TGZ's alternated twice; issue 13's
 #                                          # lstm_a / lstm_b engine rows once each (~520 s; 373 s on an H100 host);
 #                                          # wave40b: the landing tests, then publish (steps of 1-64) alternated
-#                                          # three times (~200 s)
+#                                          # three times (~200 s); wave40c: the default config's capacity over
+#                                          # EventBatch frames at 200k / 500k and 3x, this tree and BASE_TGZ's
+#                                          # interleaved by bench_overload (~250 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1909,6 +1911,14 @@ elif [ "$phase" = wave40b ]; then
   done
   summarize
   verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 new_publish3 base_publish3
+elif [ "$phase" = wave40c ]; then
+  # what the cheaper publish of a large step does to the default config's capacity (mlp_small, graph, steps of
+  # 64 past capacity): bench_overload's points, each run by this tree and BASE_TGZ's interleaved
+  setup_base
+  step overload_ab 300 $PY tools/bench_overload.py --rates 200000,500000 --duration 2 --overload 3 \
+       --overload-duration 2 --feed-batch 256 --baseline-python "$base/py" --json "$WORK/overload_ab.json"
+  summarize
+  verbatim overload_ab
 elif [ "$phase" = wave38d ]; then
   # the landing of next/fewer-trips with the device time left (~210 s): the landing tests and the persistent
   # kernels' GPU test only
