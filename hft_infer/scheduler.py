@@ -221,10 +221,10 @@ class Scheduler:
         self.capacity = cap
         # request table, indexed by request id: numpy columns (push_columns scatters into them; a
         # large step's answers gather from `request_table` at once: Stepper._answer_columns) and a
-        # memoryview of each for the scalar code (module docstring)
-        # written through at start-up (np.zeros maps pages lazily): the first pushes would otherwise
-        # fault the table in on the hot path (the first event's push cost ~0.6 ms more on the dev VM
-        # with this table lazily mapped, and past a 5 ms deadline in tests on a loaded VM)
+        # memoryview of each for the scalar code (module docstring). Written through at start-up
+        # (np.zeros maps pages lazily): the first pushes would otherwise fault the table in on the
+        # hot path (the first event's push ~0.6 ms more on the dev VM, past a 5 ms deadline in
+        # tests on a loaded VM; BENCHMARKS.md wave 40)
         self.request_table = np.empty((len(REQUEST_ROWS), cap), np.int64)
         self.request_table.fill(0)
         self._r = {name: self.request_table[i] for i, name in enumerate(REQUEST_ROWS)}

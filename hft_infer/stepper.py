@@ -92,8 +92,8 @@ STALE, ENGINE_FAILURE = int(Reason.STALE), int(Reason.ENGINE_FAILURE)
 # columns (Stepper._answer_columns: ~10 numpy calls whatever the step's size, a fixed cost) rather
 # than from Python tuples of it (_answer_step: ~0.4 µs an answer). Where the two cross depends on the
 # host (`bench_hotpath.py --only-publish`): since the answers go in as blocks (BENCHMARKS.md wave 40)
-# between 8 and 16 on an H100 host (columns / tuples 1.02-1.03x at 8, 0.91-0.94x at 16, 0.68x at 64),
-# below 8 on the dev VM (0.93x at 8); 48 before (wave 35: ~20 numpy calls, the crossover ~46)
+# at ~12 on the H100 hosts (columns / tuples 0.99-1.04x at 8, 1.01-1.02x at 12, 0.91-0.95x at 16,
+# 0.61-0.73x at 64), below 8 on the dev VM (0.93x at 8); 48 before (wave 35: ~20 numpy calls, ~46)
 ANSWER_COLUMNS_MIN = 12
 # the request table's rows an answer echoes (Scheduler.request_table)
 _SLOT, _SEQ, _NCONF, _SEND, _RECV = (ROW[name] for name in ("slot", "seq", "nconf", "send_epoch_ns", "recv_ns"))
@@ -280,11 +280,13 @@ class Stepper:
         it (else 0)."""
         sched = self.sched
         idx = np.fromiter(rids, np.intp, len(rids))
+        # a conflating model's stale requests are shed at pick, never stepped: only others look
         if not sched.conflate and np.count_nonzero(sched.request_columns["stale"].take(idx)):
             return self._answer_rows(t_submit, rids, scores, actions)
         req = sched.request_table.take(idx, axis=1)
         recv, sends = req[_RECV], req[_SEND]
         ts_recv = recv + self.clock.offset_ns
+        # seq's int64 row is the wire's uint64 bytes; n_conflated saturated by the scheduler as it counts
         self.egress.answers.add_decided(self._ids_u32.take(req[_SLOT]), req[_SEQ], req[_NCONF].astype(np.uint32),
                                         sends, ts_recv, scores, actions)
         self.acct.decided += len(recv)
@@ -361,7 +363,7 @@ class Stepper:
         sched = self.sched
         self.acct.shed_some(reason, len(rids))
         if self.publish_shed and len(rids) >= self.answer_columns_min:  # as `_answer_columns`
-            req = sched.request_table.take(np.fromiter(rids, np.intp, len(rids)), axis=1)  # as `_answer_columns`
+            req = sched.request_table.take(np.fromiter(rids, np.intp, len(rids)), axis=1)
             self.egress.answers.add_shed(self._ids_u32.take(req[_SLOT]), req[_SEQ], reason,
                                          req[_NCONF].astype(np.uint32), req[_SEND], req[_RECV] + self.clock.offset_ns)
         elif self.publish_shed and rids:

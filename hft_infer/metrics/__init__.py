@@ -161,7 +161,9 @@ class SampleBuffer:
     (a list of 4096 ints took ~150 µs to become an array; measured on the dev
     VM). Every sample is a difference of int64 clock values, so it fits.
     `capacity` is the pressure mark, not a hard bound: past half of it the loop
-    folds a chunk per iteration even when busy. Nothing is dropped.
+    folds a chunk per iteration even when busy. Nothing is dropped. A large
+    step's samples go in as numpy blocks to subtract at the next read
+    (`add_differences`), counted in `n` meanwhile.
     """
 
     __slots__ = ("values", "capacity", "_deferred", "_n_deferred")
@@ -186,7 +188,7 @@ class SampleBuffer:
             self.values.extend(values_ns)
 
     def add_differences(self, minuend, subtrahend: np.ndarray, unless_zero: bool = False) -> None:
-        """Samples `minuend - subtrahend` (an int or an int64 array, less an int64 array), worked
+        """Samples `minuend - subtrahend` (a Python int or an int64 array, less an int64 array), worked
         out at the next read (`take`, `take_last`, `samples`), not now: a large step's queue, wire
         and service samples go in as one block each, and the subtractions run together in the
         fold, where they cost a fraction of what they cost in the step (each numpy call in the
