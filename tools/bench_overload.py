@@ -123,6 +123,14 @@ def plot(points: list[dict], cap: dict | None, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_order(variants: list, k: int, baseline_first: bool = False) -> list:
+    """The variants in the order they run at the k-th point of a sweep (or of the overload points):
+    alternated from point to point, so neither always runs first; `baseline_first` swaps every
+    point's order (the same point in the other order, from a second run)."""
+    first = variants[::-1] if baseline_first else variants
+    return first if k % 2 == 0 else first[::-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -134,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overload-duration", type=float, default=5.0, help="seconds per overload point (default 5)")
     ap.add_argument("--baseline-python", metavar="PY",
                     help="also run every point with this interpreter (another checkout's venv), interleaved")
+    ap.add_argument("--baseline-first", action="store_true",
+                    help="with --baseline-python: run the baseline first where this tree would (the order alternates "
+                         "from point to point but is fixed by each point's place: two runs, one with this flag, "
+                         "put each point in both orders)")
     ap.add_argument("--with-floor", action="store_true",
                     help="run each point against the null service first (bench --with-floor): the harness "
                          "floor's tick p99 from the same run beside the service's")
@@ -158,13 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hft-overload-") as tmp:
         work = Path(tmp)
         for k, rate in enumerate(rates):
-            for v, py in (variants if k % 2 == 0 else variants[::-1]):
+            for v, py in run_order(variants, k, a.baseline_first):
                 r = run_bench(rate, a.duration, a.config, a.set, work, py, v, a.with_floor, a.feed_batch)
                 sweep[v].append(point(r, a.duration))
                 print(v, table(ROW_HEADERS, [_row(sweep[v][-1])]).splitlines()[-1], file=sys.stderr, flush=True)
         caps = {v: capacity(sweep[v]) for v, _ in variants}
         for k, m in enumerate(multiples):
-            for v, py in (variants if k % 2 == 0 else variants[::-1]):
+            for v, py in run_order(variants, k, a.baseline_first):
                 cap = caps[v]
                 if cap is None:
                     continue

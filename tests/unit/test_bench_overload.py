@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bench_overload import capacity, point
+from bench_overload import capacity, point, run_order
 
 
 def _run(rate, decided, shed, conflated, lost=0, rejected=0):
@@ -37,3 +37,12 @@ def test_a_point_carries_the_floor_of_its_own_run():
     run = {**_run(1000, 10, 0, 0), "floor": {"tick_to_decision": {"p50_us": 3.0, "p99_us": 7.5}}}
     assert point(run, 3.0)["floor_p99_us"] == 7.5
     assert point(_run(1000, 10, 0, 0), 3.0)["floor_p99_us"] is None  # run without --with-floor
+
+
+def test_the_order_alternates_per_point_and_the_flag_swaps_every_point():
+    v = [("this", "py"), ("baseline", "base/py")]
+    names = [[x for x, _ in run_order(v, k)] for k in range(4)]
+    swapped = [[x for x, _ in run_order(v, k, baseline_first=True)] for k in range(4)]
+    assert names == [["this", "baseline"], ["baseline", "this"]] * 2
+    assert swapped == [n[::-1] for n in names]
+    assert run_order(v[:1], 1) == v[:1]  # no baseline: one variant, whatever the point
