@@ -45,6 +45,7 @@ _raw_send = zmq.backend.Socket.send
 _SHED_BYTE, _DECIDED_BYTE = bytes((int(Outcome.SHED),)), bytes((int(Outcome.DECIDED),))
 _U32_MAX = (1 << 32) - 1
 _U32 = np.dtype(np.uint32)
+_NO_COLUMNS = (b"",) * 9
 # array/struct codes of DECISION_BATCH_COLUMNS, in wire order; the arrays hold native values, which
 # are the wire's on a little-endian host (batch_bytes encodes through msgspec elsewhere)
 _CODES = {"<u4": "I", "<u8": "Q", "u1": "B", "i1": "b", "<f4": "f", "<i8": "q"}
@@ -336,7 +337,9 @@ class Egress:
                 self._frames[n] = parts
         parts[1] = ts_decision_ns.to_bytes(8, "big")
         parts[4::2] = self.answers.wire_columns()
-        return b"".join(parts)
+        frame = b"".join(parts)
+        parts[4::2] = _NO_COLUMNS  # the cached parts keep no frame's columns (up to 4096 sizes' worth of arrays)
+        return frame
 
     def batch_frame(self, ts_decision_ns: int) -> DecisionBatch:
         """The pending answers as one DecisionBatch (does not clear them): what `batch_bytes`

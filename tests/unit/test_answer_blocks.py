@@ -6,7 +6,9 @@ step overwrites: those are copied as they go in."""
 
 from __future__ import annotations
 
+import gc
 import struct
+import weakref
 
 import msgspec
 import numpy as np
@@ -103,3 +105,18 @@ def test_a_block_that_is_not_the_wires_type_or_not_contiguous_is_converted():
     rows = [(2 * i, i, int(Outcome.SHED), int(Reason.STALE), 0, 0.0, min(i + 1, U32) if i < 5 else U32, i, i + 1)
             for i in range(6)]
     assert eg.batch_bytes(TS) == _expected_frame(rows)
+
+
+def test_a_flushed_blocks_arrays_are_not_kept():
+    """batch_bytes caches each size's framing, not the last frame's columns: once the answers are
+    cleared, nothing of ours holds a block's arrays (4096 cached sizes would otherwise keep up to
+    that many frames' worth of them)."""
+    eg = Egress(None, [1], mode="batch", topic_frame=True, model_version=VERSION)
+    recv = _as_i64([TS - i for i in range(5)])
+    eg.answers.add_shed(np.arange(5, dtype=np.uint32), _as_i64(range(5)), int(Reason.LATE), None, recv, recv)
+    alive = weakref.ref(recv)
+    eg.batch_bytes(TS)
+    eg.answers.clear()
+    del recv
+    gc.collect()
+    assert alive() is None
