@@ -158,7 +158,8 @@
 #                                          # wave40b: the landing tests, then publish (steps of 1-64) alternated
 #                                          # three times (~200 s); wave40c: the default config's capacity over
 #                                          # EventBatch frames at 200k / 500k and 3x, this tree and BASE_TGZ's
-#                                          # interleaved by bench_overload (~250 s)
+#                                          # interleaved by bench_overload (~250 s); wave40d: the landing
+#                                          # tests alone (~130 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1911,6 +1912,10 @@ elif [ "$phase" = wave40b ]; then
   done
   summarize
   verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 new_publish3 base_publish3
+elif [ "$phase" = wave40d ]; then
+  gpu_tests 200 "${LANDING_TESTS[@]}"
+  summarize
+  verbatim gpu_tests
 elif [ "$phase" = wave40c ]; then
   # what the cheaper publish of a large step does to the default config's capacity (mlp_small, graph, steps of
   # 64 past capacity): bench_overload's points, each run by this tree and BASE_TGZ's interleaved
