@@ -191,8 +191,9 @@ class SampleBuffer:
         """Samples `minuend - subtrahend` (a Python int or an int64 array, less an int64 array), worked
         out at the next read (`take`, `take_last`, `samples`), not now: a large step's queue, wire
         and service samples go in as one block each, and the subtractions run together in the
-        fold, where they cost a fraction of what they cost in the step (each numpy call in the
-        loop's step costs ~1-2 µs on the dev VM, several times its cost in a run of them).
+        fold, off the step (each numpy call in the loop's step costs ~1-2 µs on the dev VM, several
+        times its cost in a run of them; the fold's share of a step of 64: 49-91 ns a decision on
+        the H100 hosts, BENCHMARKS.md wave 40).
         `unless_zero`: no sample where `subtrahend` is 0 (an event without a send time has no
         wire sample). The caller must not write the arrays afterwards."""
         self._deferred.append((minuend, subtrahend, unless_zero))
