@@ -51,12 +51,11 @@ _NO_COLUMNS = (b"",) * 9
 _CODES = {"<u4": "I", "<u8": "Q", "u1": "B", "i1": "b", "<f4": "f", "<i8": "q"}
 _COLUMN_CODES = tuple(_CODES[dt] for _, dt in DECISION_BATCH_COLUMNS)
 _LITTLE_ENDIAN = sys.byteorder == "little"
-_NUMPY_TYPES = {_CODES[dt]: np.dtype(dt).newbyteorder("=") for _, dt in DECISION_BATCH_COLUMNS}
-# a block's columns taken as they are (_wire_buffer): the wire's own type on a little-endian host
-# (numpy's singleton for it), or its same-sized integer twin (int64 for uint64, ...)
-_WIRE_DTYPES = {c: np.dtype(t.char) for c, t in _NUMPY_TYPES.items()}
-_TWIN_DTYPES = {c: np.dtype(t.char.swapcase()) if t.kind in "iu" and t.char.swapcase() in np.typecodes["AllInteger"]
-                else t for c, t in _WIRE_DTYPES.items()}
+# each column's native numpy type, by numpy's own char (its singleton: an int64 array's dtype is
+# np.dtype("l") on Linux, not np.dtype("q")), and the same-sized integer twin a block may hand in as
+# it is (_wire_buffer: int64 for uint64, ...); identity tells them
+_NUMPY_TYPES = {_CODES[dt]: np.dtype(np.dtype(dt).newbyteorder("=").char) for _, dt in DECISION_BATCH_COLUMNS}
+_TWIN_DTYPES = {c: np.dtype(t.char.swapcase()) if t.kind in "iu" else t for c, t in _NUMPY_TYPES.items()}
 assert all(array.array(c).itemsize == struct.calcsize(f"<{c}") for c in _COLUMN_CODES), "array item sizes"
 assert [name for name, _ in DECISION_BATCH_COLUMNS] == ["instrument", "seq", "status", "reason", "action", "score",
                                                         "n_conflated", "ts_send_ns", "ts_recv_ns"]
@@ -105,10 +104,10 @@ def _wire_buffer(values, code: str):
     integer numpy array of the wire's type, or of its same-sized twin (an int64 of non-negative
     values is the uint64's bytes: the request table's), is taken as it is; any other array is
     converted (a new array); a list or tuple goes through array.array (a value out of range
-    raises). Checked by identity (numpy's native dtypes are singletons): ~0.1 µs a column."""
+    raises). The dtype is checked by identity (numpy's native dtypes are singletons)."""
     if type(values) is np.ndarray:
         dt = values.dtype
-        if (dt is _WIRE_DTYPES[code] or dt is _TWIN_DTYPES[code]) and values.flags.c_contiguous:
+        if (dt is _NUMPY_TYPES[code] or dt is _TWIN_DTYPES[code]) and values.flags.c_contiguous:
             return values
         return values.astype(_NUMPY_TYPES[code])
     if type(values) is bytes:
@@ -181,8 +180,6 @@ class Answers:
         column run's sheds: a block); nconf None: none conflated. Under overload most answers
         are sheds: a column at a time costs ~10x less per answer than `add`."""
         n = len(inst)
-        if type(nconf) is np.ndarray:
-            nconf = _saturated_nconf(nconf)
         self._add_outcomes(inst, seq, _SHED_BYTE * n, bytes((reason,)) * n, bytes(n), bytes(4 * n),  # 0.0 as f32
                            bytes(4 * n) if nconf is None else nconf, ts_send, ts_recv)
 
@@ -193,18 +190,19 @@ class Answers:
         block); scores and actions the engine's numpy outputs, copied in the wire's types (no
         Python float or int per decision)."""
         n = len(inst)
-        if type(nconf) is np.ndarray:
-            nconf = _saturated_nconf(nconf)
         self._add_outcomes(inst, seq, _DECIDED_BYTE * n, bytes(n), actions.astype(np.int8),
                            scores.astype(np.float32), nconf, ts_send, ts_recv)
 
     def _add_outcomes(self, inst, seq, status: bytes, reason: bytes, action, score, nconf, ts_send,
                       ts_recv) -> None:
         """`add_shed` and `add_decided`: numpy inst: a block; else into the arrays, the outcome
-        columns as their wire bytes, the others as `_fill` takes them."""
+        columns as their wire bytes, the others as `_fill` takes them. n_conflated is saturated
+        either way (bytes: all zero)."""
         if type(inst) is np.ndarray:
             if len(self.inst):
                 self._seal_arrays()
+            if type(nconf) is np.ndarray:
+                nconf = _saturated_nconf(nconf)
             c = _COLUMN_CODES
             self._blocks.append((_wire_buffer(inst, c[0]), _wire_buffer(seq, c[1]), status, reason, action, score,
                                  _wire_buffer(nconf, c[6]), _wire_buffer(ts_send, c[7]),

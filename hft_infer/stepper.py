@@ -284,17 +284,23 @@ class Stepper:
         if not sched.conflate and np.count_nonzero(sched.request_columns["stale"].take(idx)):
             return self._answer_rows(t_submit, rids, scores, actions)
         req = sched.request_table.take(idx, axis=1)
-        recv, sends = req[_RECV], req[_SEND]
-        ts_recv = recv + self.clock.offset_ns
-        # seq's int64 row is the wire's uint64 bytes; n_conflated saturated by the scheduler as it counts
-        self.egress.answers.add_decided(self._ids_u32.take(req[_SLOT]), req[_SEQ], req[_NCONF].astype(np.uint32),
-                                        sends, ts_recv, scores, actions)
+        _, _, _, sends, ts_recv = echo = self._echoed(req)
+        self.egress.answers.add_decided(*echo, scores, actions)
+        recv = req[_RECV]
         self.acct.decided += len(recv)
         self._service_recv_cols.append(recv)
         bufs = self.bufs
         bufs["queue"].add_differences(t_submit, recv)
         bufs["wire"].add_differences(ts_recv, sends, unless_zero=True)  # an event without a send time has none
         return int(recv.min()) if sched.adaptive is not None else 0
+
+    def _echoed(self, req: np.ndarray) -> tuple:
+        """What an answer echoes of the requests `req` (request-table rows, one column a request, as
+        `_answer_columns` gathers them): instrument ids, seq (its int64 row: the wire's uint64 bytes),
+        n_conflated as uint32 (the scheduler saturates it as it counts), send time, receive time
+        on the epoch clock."""
+        return (self._ids_u32.take(req[_SLOT]), req[_SEQ], req[_NCONF].astype(np.uint32), req[_SEND],
+                req[_RECV] + self.clock.offset_ns)
 
     def _answer_step(self, t_submit: int, cols: tuple, stales: tuple, scores, actions) -> int:
         """Answer a step of several requests (the scheduler's columns picked by request id) and
@@ -363,9 +369,9 @@ class Stepper:
         sched = self.sched
         self.acct.shed_some(reason, len(rids))
         if self.publish_shed and len(rids) >= self.answer_columns_min:  # as `_answer_columns`
-            req = sched.request_table.take(np.fromiter(rids, np.intp, len(rids)), axis=1)
-            self.egress.answers.add_shed(self._ids_u32.take(req[_SLOT]), req[_SEQ], reason,
-                                         req[_NCONF].astype(np.uint32), req[_SEND], req[_RECV] + self.clock.offset_ns)
+            inst, seq, nconf, sends, ts_recv = self._echoed(
+                sched.request_table.take(np.fromiter(rids, np.intp, len(rids)), axis=1))
+            self.egress.answers.add_shed(inst, seq, reason, nconf, sends, ts_recv)
         elif self.publish_shed and rids:
             offset, ids = self.clock.offset_ns, self.ids
             slots, seqs, nconfs, sends, recvs = (
