@@ -102,6 +102,7 @@ def _lstm_persistent_kernel(
     WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
+    NST: tl.constexpr, PHASES: tl.constexpr,
 ):
     j = tl.program_id(0)
     ms = tl.program_id(1)
@@ -115,10 +116,15 @@ def _lstm_persistent_kernel(
         if lead:
             kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
             if (kind == _STEP) | (kind == _RESET):
-                _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
+                _stamp(time_ptr, (r % TSLOTS) * NST, TIMING)
             _broadcast(sync_ptr, r, kind, n)
+            if PHASES:
+                _stamp(time_ptr, (r % TSLOTS) * NST + 2, TIMING)
         else:
             kind, n = _wait_broadcast(sync_ptr, r)
+            if PHASES:
+                if (j == NB - 1) & (ms == n_ms - 1):
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * L, TIMING)
         slots_ptr, pos_ptr, rows_ptr = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
         if kind == _STEP:
             target = nprog * (nstep + 1)
@@ -127,17 +133,23 @@ def _lstm_persistent_kernel(
                             wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                             F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
                             PREC, BF16, UPCAST, BOTH, GROUP)
+                if PHASES:
+                    if lead:
+                        _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
                 _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
                 if ph > 0:
                     # layer ph-1's old h is read by nobody any more (everyone passed barrier ph-1)
                     _lstm_copy_h(ph - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
                                  H, W, L, BH, BLOCK_M, WINDOW, True)
                 _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
+                if PHASES:
+                    if lead:
+                        _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
             if lead:
                 o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
                 _lstm_head(0, 1, n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
                            H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, True)
-                _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
+                _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)
             _lstm_copy_h(L - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
                          H, W, L, BH, BLOCK_M, WINDOW, True)
@@ -150,11 +162,20 @@ def _lstm_persistent_kernel(
                 # every program is done with request r+1 before the next one touches the state
                 _wait_count(sync_ptr + _LINE * _CNT_DONE, nprog * (r + 1))
                 if kind == _RESET:
-                    _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
                     _release_done(ctrl_ptr, r + 1)
             r += 1
         else:
             running = 0
+
+
+def phase_stamps(layers: int) -> list[str]:
+    """The names of a request's device stamps in a `phases` build, in their order in `times`
+    (PersistentKernel.device_stamps_ns): the lead's, then the last program's."""
+    names = ["detect", "done", "broadcast"]
+    for k in range(layers):
+        names += [f"layer {k}", f"barrier {k}"]
+    return names + ["last program sees it"]
 
 
 class LstmPersistent(PersistentKernel):
@@ -172,9 +193,14 @@ class LstmPersistent(PersistentKernel):
 
     def __init__(self, w: LstmWeights, ring: RequestRing, n_slots: int, thresholds: torch.Tensor,
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
-                 block_m: int | None = None, num_warps: int = 4, timing: bool = False) -> None:
+                 block_m: int | None = None, num_warps: int = 4, timing: bool = False,
+                 phases: bool = False) -> None:
         dev = w.wh.device
-        super().__init__(ring, dev, timing=timing)
+        # phases (with timing): the lead program also stamps the broadcast, each layer's end and
+        # each layer barrier's, and the last program the broadcast's arrival (PHASE_STAMPS); a
+        # diagnostic build (tools/sweep_persistent_geometry.py), never the service's
+        super().__init__(ring, dev, timing=timing, stamps=len(phase_stamps(w.layers)) if phases else 2)
+        self.phases = phases and self.timing
         if ring.rows_per_entry != 1 or ring.width != w.features:
             raise ValueError(f"the ring carries {ring.rows_per_entry} rows of {ring.width} per entry; "
                              f"the LSTM takes 1 row of {w.features}")
@@ -224,7 +250,7 @@ class LstmPersistent(PersistentKernel):
                      BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
                      WINDOW=self.window_mode, **self.ring_consts(),
                      PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
-                     TIMING=self.timing, TSLOTS=self.time_slots,
+                     TIMING=self.timing, TSLOTS=self.time_slots, NST=self.stamps, PHASES=self.phases,
                      **prefetch_plan(w, self.block_m, PREFETCH_MAX_PERSISTENT * self.num_warps // 4),
                      num_warps=self.num_warps, num_stages=NUM_STAGES))
 

@@ -507,15 +507,18 @@ class PersistentKernel:
     `programs`. A kernel may be built on any device (its PTX for a CUDA target can then be
     read: `compile_asm`); starting one needs `persistent_supported`."""
 
-    def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False) -> None:
+    def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False,
+                 stamps: int = 2) -> None:
         self.ring = ring
         self.device = torch.device(device)
         self.sync = torch.zeros(SYNC_LINES * LINE, dtype=torch.int64, device=self.device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         self.timing = bool(timing) and not interpreting()
-        # device stamps per request: [detect, done] of request s at (s - 1) % TIME_SLOTS
+        # device stamps per request: [detect, done, then a kernel's phase stamps if it records
+        # them] of request s at row (s - 1) % time_slots
         self.time_slots = 16384
-        self.times = torch.zeros(2 * self.time_slots, dtype=torch.int64, device=self.device)
+        self.stamps = stamps
+        self.times = torch.zeros(stamps * self.time_slots, dtype=torch.int64, device=self.device)
         self.running = False
         self._done_event = None
 
@@ -615,9 +618,16 @@ class PersistentKernel:
         """Device time (detect -> done release) of requests first..last (stopped, timing=True)."""
         if self.running or not self.timing:
             raise RuntimeError("device times need timing=True and a stopped kernel")
-        t = self.times.view(self.time_slots, 2).cpu().numpy()
-        idx = (np.arange(first_seq, last_seq + 1) - 1) % self.time_slots
-        return t[idx, 1] - t[idx, 0]
+        t = self.device_stamps_ns(first_seq, last_seq)
+        return t[:, 1] - t[:, 0]
+
+    def device_stamps_ns(self, first_seq: int, last_seq: int) -> np.ndarray:
+        """Every device stamp of requests first..last, [requests, stamps] (%globaltimer, ns):
+        detect, done, then the kernel's phase stamps where it records them (stopped, timing=True)."""
+        if self.running or not self.timing:
+            raise RuntimeError("device stamps need timing=True and a stopped kernel")
+        t = self.times.view(self.time_slots, self.stamps).cpu().numpy()
+        return t[(np.arange(first_seq, last_seq + 1) - 1) % self.time_slots]
 
     def ring_args(self) -> tuple:
         """The ring's tensors every model kernel takes first: device header, stop flag, payload

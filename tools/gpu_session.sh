@@ -159,7 +159,8 @@
 #                                          # three times (~200 s); wave40c: the default config's capacity over
 #                                          # EventBatch frames at 200k / 500k and 3x, this tree and BASE_TGZ's
 #                                          # interleaved by bench_overload (~250 s); wave40d: the landing
-#                                          # tests alone (~130 s)
+#                                          # tests alone (~130 s); wave41: the persistent kernel
+#                                          # tests, then tools/sweep_persistent_geometry.py (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1912,6 +1913,13 @@ elif [ "$phase" = wave40b ]; then
   done
   summarize
   verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 new_publish3 base_publish3
+elif [ "$phase" = wave41 ]; then
+  # issue 13: the persistent kernel tests (the phase-stamp build among them), then where the persistent lstm_a's
+  # small requests spend their device time (phase stamps) and which geometry serves them fastest
+  gpu_tests 200 tests/kernels/test_kernel_persistent.py
+  step sweep_geometry 330 $PY tools/sweep_persistent_geometry.py --cpu 2 --json "$WORK/sweep_geometry.json"
+  summarize
+  verbatim gpu_tests sweep_geometry
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize

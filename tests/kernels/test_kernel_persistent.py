@@ -151,7 +151,7 @@ class Model:
     """The kernel under test and its fp32 / float64 references, on one schedule."""
 
     def __init__(self, case: Case, dev: torch.device, gen: torch.Generator, *, max_batch: int,
-                 n_requests: int, params=None, max_programs: int | None = None):
+                 n_requests: int, params=None, max_programs: int | None = None, phases: bool = False):
         self.case, self.dev = case, dev
         f = 4 * case.levels + 2
         self.n_slots = case.n_inst + 1
@@ -175,7 +175,7 @@ class Model:
             w = prepare_lstm_weights(self.params, precision=case.precision, device=dev, block_h=bh)
             self.kernel = LstmPersistent(w, self.ring, self.n_slots, self.thr, self.held,
                                          window=case.window if case.family == "window" else None,
-                                         max_programs=max_programs)
+                                         max_programs=max_programs, timing=phases, phases=phases)
         self.refs = {}
         for name, dt in (("fp32", torch.float32), ("f64", torch.float64)):
             st = {"held": torch.zeros(self.n_slots, dtype=torch.int32), "params": self.params.to(dt)}
@@ -337,6 +337,9 @@ GPU_CASES = {  # name: (preset, family, precision)
     "lstm_a-stream-fp32": ("lstm_a", "stream", "fp32"),
     "mlp_small-fp32": ("mlp_small", "mlp", "fp32"),
     "mlp_small-bf16": ("mlp_small", "mlp", "bf16"),
+    # the diagnostic build with phase stamps (tools/sweep_persistent_geometry.py): the same answers,
+    # and its stamps in their order
+    "lstm_a-window-fp32-phases": ("lstm_a", "window", "fp32"),
 }
 # Cases known to diverge from the references on the H200 host; their failure makes the test XFAIL
 # with the details, any other case failing fails it. Empty since 08b885d: the divergence of waves
@@ -352,7 +355,9 @@ def _gpu_child(name: str) -> None:
     spec, params = preset_params(preset, seed=zlib.crc32(name.encode()) % 1000)
     n_inst, inflight = 70, 3
     case = Case(family, precision, (), levels=spec.levels, window=spec.window, n_inst=n_inst, depth=64)
-    model = Model(case, dev, torch.Generator().manual_seed(1), max_batch=64, n_requests=4, params=params)
+    phases = name.endswith("-phases")
+    model = Model(case, dev, torch.Generator().manual_seed(1), max_batch=64, n_requests=4, params=params,
+                  phases=phases)
     gen = torch.Generator().manual_seed(2)
     rnd = random.Random(3)
     nxt = {s: 0 for s in range(n_inst)}
@@ -360,6 +365,7 @@ def _gpu_child(name: str) -> None:
     model.kernel.start()
     ring, sink, tol = model.ring, n_inst, TOL[precision]
     pending, worst, served = [], 0.0, 0
+    step_seqs = []
     batches = [1, 8, 64, 5, 64, 1, 63, 8]
     try:
         for step in range(48):
@@ -376,6 +382,8 @@ def _gpu_child(name: str) -> None:
                 k = model.fill(slots, positions)
                 seq = ring.submit(len(slots), kind)
                 pending.append((seq, k, kind, slots, n_real, ref, prev))
+                if kind == KIND_STEP:
+                    step_seqs.append(seq)
         while pending:
             served, worst = _check_oldest(model, pending, served, worst, tol)
     finally:
@@ -384,6 +392,11 @@ def _gpu_child(name: str) -> None:
         real = slice(0, n_inst)
         err = rel_err(model.kernel.h[real].cpu(), model.refs["f64"]["h"][real])
         assert err <= tol, f"final state h rel err {err:.3g}"
+    if phases:  # a step's stamps: detect, broadcast, layer k and barrier k in turn, done; the last program after detect
+        t = model.kernel.device_stamps_ns(1, max(step_seqs))[np.array(step_seqs) - 1]
+        lead = np.concatenate([t[:, [0, 2]], t[:, 3:3 + 2 * model.params.layers], t[:, [1]]], axis=1)
+        assert (lead[:, 0] > 0).all() and (np.diff(lead, axis=1) >= 0).all(), f"lead stamps out of order: {lead[:3]}"
+        assert (t[:, -1] >= t[:, 0]).all(), "the last program saw a request before it was detected"
     print(json.dumps({"case": name, "served": served, "worst_rel_err": worst, "programs": model.kernel.programs}))
 
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""KERNEL-LEVEL sweep of the persistent LSTM kernel's geometry, with phase stamps: where a
+small request's device time goes, and whether another tiling or grid serves it faster (issue
+"Engines at the floor": lstm_a batch-1 device <= 5 µs). Not the service's path
+(tools/bench_engines.py is); this drives the kernel behind its request ring as
+tools/bench_kernels.py does (its Setup and Driver), rows already in the pinned host ring.
+
+    python3 tools/sweep_persistent_geometry.py [--models lstm_a] [--batches 1,8]
+        [--geometries 4/0/4/0,8/0/4/0,4/64/4/0] [--steps 1000] [--cpu CORE] [--json PATH]
+
+GEOMETRY = block_h/block_m/num_warps/max_programs, 0 for the kernel's own choice (block_h 4,
+block_m by its batch-1 rule, 4 warps, every SM). Per variant: the weights packed for its block_h,
+the kernel built with phase stamps (`LstmPersistent(phases=True)`, a diagnostic build), every
+window filled, the error against float64 at each batch, then --steps requests of each batch one
+at a time. Rows: host submit -> done seen p50 / p99, device p50 (detect -> done, %globaltimer),
+and the median of each phase on the lead program's clock -- broadcast (detect -> the request
+published to the other programs), layer k (-> the lead's share of layer k computed), barrier k
+(-> every program arrived at layer k's barrier), head (-> done released) -- and "last sees" (detect
+-> the last program read the broadcast). A last row runs the first geometry without the phase
+stamps: what they cost. Exits 2 without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+MODELS = ("lstm_a", "lstm_b", "lstm_a_stream")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="lstm_a")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--geometries", default="0/0/0/0,8/0/4/0,16/0/4/0,4/32/4/0,4/64/4/0,8/64/4/0,4/0/2/0",
+                    help="block_h/block_m/num_warps/max_programs, comma-separated (0: the kernel's choice)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--cpu", type=int, default=None, help="pin this process to a core")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    a.models = [m for m in a.models.split(",") if m]
+    a.batches = [int(b) for b in a.batches.split(",") if b]
+    try:
+        a.geometries = [tuple(int(x) for x in g.split("/")) for g in a.geometries.split(",") if g]
+    except ValueError:
+        ap.error(f"--geometries: integers block_h/block_m/num_warps/max_programs, got {a.geometries!r}")
+    bad = [m for m in a.models if m not in MODELS] + [g for g in a.geometries if len(g) != 4 or min(g) < 0]
+    if bad:
+        ap.error(f"unknown model (of {', '.join(MODELS)}) or malformed geometry: {bad}")
+    return a
+
+
+def geometry_label(geo: tuple[int, int, int, int]) -> str:
+    names = ("bh", "bm", "warps", "progs")
+    return " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
+
+
+def phase_medians(stamps: np.ndarray, layers: int) -> dict[str, float]:
+    """Median µs of each phase from `device_stamps_ns` rows of a phases build (phase_stamps' order:
+    detect, done, broadcast, layer k / barrier k ..., last program sees it)."""
+    t = stamps.astype(np.int64)
+    out = {"broadcast": t[:, 2] - t[:, 0]}
+    prev = t[:, 2]
+    for k in range(layers):
+        out[f"layer {k}"] = t[:, 3 + 2 * k] - prev
+        out[f"barrier {k}"] = t[:, 4 + 2 * k] - t[:, 3 + 2 * k]
+        prev = t[:, 4 + 2 * k]
+    out["head"] = t[:, 1] - prev
+    out["last sees"] = t[:, 3 + 2 * layers] - t[:, 0]
+    return {k: float(np.median(v)) / 1e3 for k, v in out.items()}
+
+
+def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
+    import torch
+    from bench_kernels import MAX_B, N_INST, Driver, Setup, pct
+
+    from hft_infer.kernels.lstm import prepare_lstm_weights
+    from hft_infer.kernels.lstm_persistent import LstmPersistent
+
+    block_h, block_m, warps, programs = geo
+    st = Setup(name, args.precision, dev)
+    if block_h and block_h != st.w.block_h:
+        st.w = prepare_lstm_weights(st.params, precision=args.precision, device=dev, block_h=block_h)
+
+    def persistent(ring, max_programs=None, timing=True):
+        return LstmPersistent(st.w, ring, N_INST + 1, st.thr, st.held, window=st.window,
+                              max_programs=programs or None, block_m=block_m or None, num_warps=warps or 4,
+                              timing=True, phases=phases)
+
+    st.persistent = persistent
+    d = Driver(st, SimpleNamespace(max_programs=None))
+    d.kernel.precompile()
+    d.kernel.start()
+    errs, lat = {}, {}
+    try:
+        for _ in range((st.spec.window if st.family != "stream" else 8) + 2):  # fill every window
+            d.step(MAX_B, check=True)
+        for b in args.batches:
+            errs[b] = d.step(b, check=True)
+        gc.collect()
+        gc.disable()
+        try:
+            for b in args.batches:
+                for _ in range(50):
+                    d.step(b)
+                s0 = d.ring.seq + 1
+                lat[b] = (s0, np.array([d.step(b) for _ in range(args.steps)]))
+        finally:
+            gc.enable()
+    finally:
+        d.kernel.stop()
+        torch.cuda.synchronize()
+    rows = []
+    for b in args.batches:
+        s0, ns = lat[b]
+        stamps = d.kernel.device_stamps_ns(s0, s0 + args.steps - 1)
+        row = {"model": name, "batch": b, "geometry": geometry_label(geo), "phases": phases,
+               "programs": d.kernel.programs, "block_m": d.kernel.block_m, "host_us": pct(ns),
+               "device_us": float(np.median(stamps[:, 1] - stamps[:, 0])) / 1e3, "err_vs_f64": errs[b]}
+        if phases:
+            row["phase_us"] = phase_medians(stamps, st.w.layers)
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    phase_names = next((list(r["phase_us"]) for r in rows if "phase_us" in r), [])
+    head = ("| model | b | geometry | stamps | programs | block_m | device p50 | host p50 | host p99 | err vs f64 | "
+            + " | ".join(phase_names) + " |")
+    lines = [head, "|" + " --- |" * 4 + " ---: |" * (6 + len(phase_names))]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | - | {r['geometry']} | FAILED: {r['error']} |")
+            continue
+        ph = r.get("phase_us", {})
+        lines.append(f"| {r['model']} | {r['batch']} | {r['geometry']} | {'phases' if r['phases'] else 'detect, done'}"
+                     f" | {r['programs']} | {r['block_m']} | {r['device_us']:.2f} | {r['host_us']['p50']:.1f} | "
+                     f"{r['host_us']['p99']:.1f} | {r['err_vs_f64']:.1e} | "
+                     + " | ".join(f"{ph[k]:.2f}" if k in ph else "-" for k in phase_names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("sweep_persistent_geometry: needs a CUDA device", file=sys.stderr)
+        return 2
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    dev = torch.device("cuda")
+    print(f"== sweep_persistent_geometry (KERNEL-LEVEL): {torch.cuda.get_device_name()}, {vars(args)}", flush=True)
+    rows: list[dict] = []
+    for name in args.models:
+        variants = [(g, True) for g in args.geometries] + [(args.geometries[0], False)]
+        for geo, phases in variants:
+            try:
+                got = run_variant(name, geo, phases, args, dev)
+            except Exception as e:  # noqa: BLE001 - a geometry the kernel refuses: say so, go on
+                got = [{"model": name, "geometry": geometry_label(geo), "error": repr(e)[:300]}]
+            rows += got
+            print(table(got).splitlines()[-1], flush=True)
+    print("\n== summary (µs; phases: medians on the lead program's clock, see the docstring)")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
