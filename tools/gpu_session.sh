@@ -160,7 +160,8 @@
 #                                          # EventBatch frames at 200k / 500k and 3x, this tree and BASE_TGZ's
 #                                          # interleaved by bench_overload (~250 s); wave40d: the landing
 #                                          # tests alone (~130 s); wave41: the persistent kernel
-#                                          # tests, then tools/sweep_persistent_geometry.py (~500 s)
+#                                          # tests, then tools/sweep_persistent_geometry.py (~500 s); wave41b:
+#                                          # the landing tests, then the sweep (~420 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1918,6 +1919,11 @@ elif [ "$phase" = wave41 ]; then
   # small requests spend their device time (phase stamps) and which geometry serves them fastest
   gpu_tests 200 tests/kernels/test_kernel_persistent.py
   step sweep_geometry 330 $PY tools/sweep_persistent_geometry.py --cpu 2 --json "$WORK/sweep_geometry.json"
+  summarize
+  verbatim gpu_tests sweep_geometry
+elif [ "$phase" = wave41b ]; then  # the landing tests, then the sweep (wave41's ran out of time on its first geometry)
+  gpu_tests 200 "${LANDING_TESTS[@]}"
+  step sweep_geometry 300 $PY tools/sweep_persistent_geometry.py --cpu 2 --json "$WORK/sweep_geometry.json"
   summarize
   verbatim gpu_tests sweep_geometry
 elif [ "$phase" = wave40d ]; then

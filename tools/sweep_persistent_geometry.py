@@ -10,9 +10,10 @@ tools/bench_kernels.py does (its Setup and Driver), rows already in the pinned h
 
 GEOMETRY = block_h/block_m/num_warps/max_programs, 0 for the kernel's own choice (block_h 4,
 block_m by its batch-1 rule, 4 warps, every SM). Per variant: the weights packed for its block_h,
-the kernel built with phase stamps (`LstmPersistent(phases=True)`, a diagnostic build), every
-window filled, the error against float64 at each batch, then --steps requests of each batch one
-at a time. Rows: host submit -> done seen p50 / p99, device p50 (detect -> done, %globaltimer),
+the kernel built with phase stamps (`LstmPersistent(phases=True)`, a diagnostic build; the
+kernels compile first, in parallel child processes), FILL_STEPS steps of every slot, the error
+against float64 at each batch, then --steps requests of each batch one at a time. Rows: host
+submit -> done seen p50 / p99, device p50 (detect -> done, %globaltimer),
 and the median of each phase on the lead program's clock -- broadcast (detect -> the request
 published to the other programs), layer k (-> the lead's share of layer k computed), barrier k
 (-> every program arrived at layer k's barrier), head (-> done released) -- and "last sees" (detect
@@ -32,6 +33,7 @@ from types import SimpleNamespace
 import numpy as np
 
 MODELS = ("lstm_a", "lstm_b", "lstm_a_stream")
+FILL_STEPS = 4  # steps of every slot before the timed ones: a geometry's speed does not depend on full windows
 
 
 def parse_args(argv=None):
@@ -77,17 +79,18 @@ def phase_medians(stamps: np.ndarray, layers: int) -> dict[str, float]:
     return {k: float(np.median(v)) / 1e3 for k, v in out.items()}
 
 
-def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
-    import torch
-    from bench_kernels import MAX_B, N_INST, Driver, Setup, pct
+def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
+    """bench_kernels' Setup for `name`, its weights packed for the geometry's block_h and its
+    `persistent` building the kernel in that geometry (with phase stamps if `phases`)."""
+    from bench_kernels import N_INST, Setup
 
     from hft_infer.kernels.lstm import prepare_lstm_weights
     from hft_infer.kernels.lstm_persistent import LstmPersistent
 
     block_h, block_m, warps, programs = geo
-    st = Setup(name, args.precision, dev)
+    st = Setup(name, precision, dev)
     if block_h and block_h != st.w.block_h:
-        st.w = prepare_lstm_weights(st.params, precision=args.precision, device=dev, block_h=block_h)
+        st.w = prepare_lstm_weights(st.params, precision=precision, device=dev, block_h=block_h)
 
     def persistent(ring, max_programs=None, timing=True):
         return LstmPersistent(st.w, ring, N_INST + 1, st.thr, st.held, window=st.window,
@@ -95,12 +98,48 @@ def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
                               timing=True, phases=phases)
 
     st.persistent = persistent
+    return st
+
+
+def _compile_job(name: str, geo: tuple, phases: bool, precision: str) -> str:
+    """Child process: compile one variant's kernel (fills Triton's disk cache for the parent)."""
+    import time
+
+    import torch
+
+    t0 = time.time()
+    st = _setup(name, geo, phases, precision, torch.device("cuda"))
+    st.persistent(st.ring()).precompile()
+    return f"{name} {geometry_label(geo)}{' phases' if phases else ''}: {time.time() - t0:.1f}s"
+
+
+def precompile(variants: list[tuple], precision: str) -> None:
+    """Every variant's kernel compiled at once in child processes (one compile is tens of seconds)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=min(8, len(variants), os.cpu_count() or 1),
+                             mp_context=mp.get_context("spawn")) as ex:
+        futs = [ex.submit(_compile_job, *v, precision) for v in variants]
+        for fu in as_completed(futs, timeout=300):
+            try:
+                print(f"  compiled {fu.result()}", flush=True)
+            except Exception as e:  # noqa: BLE001 - the variant's own run reports it
+                print(f"  a compile job failed: {e!r}", flush=True)
+
+
+def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
+    """One geometry: its kernel started, windows filled, each batch timed; a row per batch."""
+    import torch
+    from bench_kernels import MAX_B, Driver, pct
+
+    st = _setup(name, geo, phases, args.precision, dev)
     d = Driver(st, SimpleNamespace(max_programs=None))
     d.kernel.precompile()
     d.kernel.start()
     errs, lat = {}, {}
     try:
-        for _ in range((st.spec.window if st.family != "stream" else 8) + 2):  # fill every window
+        for _ in range(FILL_STEPS):  # state in every window of the batch's slots, checked as it goes
             d.step(MAX_B, check=True)
         for b in args.batches:
             errs[b] = d.step(b, check=True)
@@ -154,20 +193,22 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("sweep_persistent_geometry: needs a CUDA device", file=sys.stderr)
         return 2
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
     dev = torch.device("cuda")
     print(f"== sweep_persistent_geometry (KERNEL-LEVEL): {torch.cuda.get_device_name()}, {vars(args)}", flush=True)
+    variants = [(name, geo, True) for name in args.models for geo in args.geometries]
+    variants += [(name, args.geometries[0], False) for name in args.models]
+    precompile(variants, args.precision)
+    if args.cpu is not None:  # after the compiles; one core: torch's float64 references on one thread, not a pool on it
+        os.sched_setaffinity(0, {args.cpu})
+        torch.set_num_threads(1)
     rows: list[dict] = []
-    for name in args.models:
-        variants = [(g, True) for g in args.geometries] + [(args.geometries[0], False)]
-        for geo, phases in variants:
-            try:
-                got = run_variant(name, geo, phases, args, dev)
-            except Exception as e:  # noqa: BLE001 - a geometry the kernel refuses: say so, go on
-                got = [{"model": name, "geometry": geometry_label(geo), "error": repr(e)[:300]}]
-            rows += got
-            print(table(got).splitlines()[-1], flush=True)
+    for name, geo, phases in variants:
+        try:
+            got = run_variant(name, geo, phases, args, dev)
+        except Exception as e:  # noqa: BLE001 - a geometry the kernel refuses: say so, go on
+            got = [{"model": name, "geometry": geometry_label(geo), "error": repr(e)[:300]}]
+        rows += got
+        print("\n".join(table(got).splitlines()[2:]), flush=True)
     print("\n== summary (µs; phases: medians on the lead program's clock, see the docstring)")
     print(table(rows))
     if args.json:
