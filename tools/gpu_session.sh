@@ -378,6 +378,15 @@ gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest 
   step gpu_tests "$t" $PY -m pytest -q -rs -p no:cacheprovider "$@"
 }
 
+engines_pair() {  # engines_pair K MODELS TIMEOUT: bench_engines' graph and persistent rows at batches 1 and 64 of
+  # MODELS, this tree (step engines_newK) then BASE_TGZ's (engines_baseK; setup_base first), on core 2
+  local k=$1 models=$2 t=$3
+  local args=(tools/bench_engines.py --quick --engines graph,persistent --models "$models" --batches 1,64)
+  step "engines_new$k" "$t" taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new$k.json"
+  step "engines_base$k" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base$k.json"
+}
+
 chain_alternation11() {  # wave 31: shards11 with runner.chain_steps on, off, on, off (steps shards11_chain, _one,
   # _chainb, _oneb), then the summary with each one's table after any steps named in "$@"
   local v
@@ -1880,11 +1889,8 @@ elif [ "$phase" = wave38a ] || [ "$phase" = wave38b ] || [ "$phase" = wave38c ] 
     wave38e) models38=lstm_a/window,lstm_b/window tests_s=330 ;;
   esac
   gpu_tests "$tests_s" "${LANDING_TESTS[@]}" "${kernel_tests[@]}"
-  engines38=(tools/bench_engines.py --quick --engines graph,persistent --models "$models38" --batches 1,64)
   for k in $rounds; do
-    step "engines_new$k" "$step_s" taskset -c 2 $PY "${engines38[@]}" --json "$WORK/engines_new$k.json"
-    step "engines_base$k" "$step_s" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-         "$base/py" "${engines38[@]}" --json "$WORK/engines_base$k.json"
+    engines_pair "$k" "$models38" "$step_s"
   done
   summarize
   verbatim gpu_tests engines_new1 engines_base1 engines_new2 engines_base2
@@ -1898,11 +1904,7 @@ elif [ "$phase" = wave40 ]; then
   for k in 1 2; do
     hotpath_pair "publish$k" 40 --only-publish --publish-sizes 1,8,16,32,64
   done
-  engines40=(tools/bench_engines.py --quick --engines graph,persistent --models lstm_a/window,lstm_b/window
-             --batches 1,64)
-  step engines_new1 45 taskset -c 2 $PY "${engines40[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 45 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${engines40[@]}" --json "$WORK/engines_base1.json"
+  engines_pair 1 lstm_a/window,lstm_b/window 45
   summarize
   verbatim gpu_tests new_publish1 base_publish1 new_publish2 base_publish2 engines_new1 engines_base1
 elif [ "$phase" = wave40b ]; then
