@@ -31,6 +31,16 @@ State layout: the launched kernels' (h, c fp32 [n_slots, L, W, H] window mode, [
 stream mode), so the same references check both. Grid (NB, MS) <= max_programs, all resident
 for the kernel's life: ceil(H / block_h) hidden blocks x MS row groups (lstm_a: 32 x 4 = 128
 SMs by default; pass max_programs to leave SMs to other shards' kernels).
+
+Two tilings (window mode, `wide`): a request of one window is cut for latency (block_h units by
+16-row tiles, 128 programs for lstm_a), but that cut serves larger ones poorly -- each program
+then runs its tiles one after another (lstm_a: 49 µs at batch 8, 306 at 64, where twice the units a
+program and 32-row tiles take 31 and 148). So the kernel also holds the weights packed for twice
+the units (`pack_wide`) and, for a request of WIDE_MIN_ENTRIES windows or more, places the same
+programs anew (pid = ms * NB + j as j' = pid % NB', ms' = pid // NB') and runs its layers in that
+tiling; the barriers, the state, the exchange and the head are the same in both. Both paths are
+compiled into the one kernel (255 registers where one path took 128; measured in BENCHMARKS.md
+wave 41). Stream mode keeps one tiling (not measured).
 """
 
 from __future__ import annotations
@@ -93,9 +103,39 @@ def _lstm_zero_slots(j, ms, n_ms, n, slots_ptr, h_ptr, c_ptr, held_ptr, lead,
 
 
 @triton.jit
+def _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                 wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr, time_ptr,
+                 F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
+                 KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr,
+                 BLOCK_M: tl.constexpr, WINDOW: tl.constexpr, PREC: tl.constexpr, BF16: tl.constexpr,
+                 UPCAST: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr, TIMING: tl.constexpr,
+                 TSLOTS: tl.constexpr, NST: tl.constexpr, PHASES: tl.constexpr):
+    """A step's layers in one tiling (program (j, ms) of NB x n_ms, BH units by BLOCK_M rows, the
+    weights packed for BH): each layer, then its barrier, with the copy of the layer below's new h
+    overlapping the barrier; the top layer's copy is the caller's (after the head)."""
+    for ph in tl.static_range(0, L):
+        _lstm_layer(ph, j, ms, n_ms, n, rows_ptr, 1, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                    wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
+                    F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
+                    PREC, BF16, UPCAST, BOTH, GROUP)
+        if PHASES:
+            if lead:
+                _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
+        _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
+        if ph > 0:
+            # layer ph-1's old h is read by nobody any more (everyone passed barrier ph-1)
+            _lstm_copy_h(ph - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
+                         H, W, L, BH, BLOCK_M, WINDOW, True)
+        _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
+        if PHASES:
+            if lead:
+                _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
+
+
+@triton.jit
 def _lstm_persistent_kernel(
     hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_h_ptr, ctrl_ptr, time_ptr, sync_ptr,
-    mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, hw_ptr, hb_ptr,
+    mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, wx0w_ptr, wxw_ptr, whw_ptr, biasw_ptr, hw_ptr, hb_ptr,
     h_ptr, c_ptr, scratch_ptr, xp_ptr, thr_ptr, held_ptr,
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -103,12 +143,19 @@ def _lstm_persistent_kernel(
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
     NST: tl.constexpr, PHASES: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, BH_W: tl.constexpr, NB_W: tl.constexpr, BLOCK_M_W: tl.constexpr,
+    BOTH_W: tl.constexpr, GROUP_W: tl.constexpr,
 ):
     j = tl.program_id(0)
     ms = tl.program_id(1)
     n_ms = tl.num_programs(1)
     nprog = NB * n_ms
     lead = (j == 0) & (ms == 0)
+    # the wide tiling's place of this program (WIDE_ROWS > 0): the same programs, NB_W hidden blocks
+    pid = ms * NB + j
+    j_w = pid % NB_W
+    ms_w = pid // NB_W
+    n_ms_w = nprog // NB_W
     r = tl.load(sync_ptr + _LINE * _CNT_DONE, volatile=True) * 0  # int64 zero: requests served
     nstep = r  # steps served (the phase counters count steps only)
     running = 1
@@ -128,31 +175,31 @@ def _lstm_persistent_kernel(
         slots_ptr, pos_ptr, rows_ptr = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
         if kind == _STEP:
             target = nprog * (nstep + 1)
-            for ph in tl.static_range(0, L):
-                _lstm_layer(ph, j, ms, n_ms, n, rows_ptr, 1, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
-                            wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
-                            F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
-                            PREC, BF16, UPCAST, BOTH, GROUP)
-                if PHASES:
-                    if lead:
-                        _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
-                _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
-                if ph > 0:
-                    # layer ph-1's old h is read by nobody any more (everyone passed barrier ph-1)
-                    _lstm_copy_h(ph - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
-                                 H, W, L, BH, BLOCK_M, WINDOW, True)
-                _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
-                if PHASES:
-                    if lead:
-                        _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
+            wide = False
+            if WIDE_ROWS > 0:  # a request of WIDE_ROWS rows or more: the wide tiling (n is broadcast: all agree)
+                wide = n * W >= WIDE_ROWS
+            if wide:
+                _step_layers(j_w, ms_w, n_ms_w, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                             wx0w_ptr, wxw_ptr, whw_ptr, biasw_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr,
+                             time_ptr, F, H, W, L, F_PAD, KH, BLOCK_K, BH_W, NB_W, BLOCK_M_W, WINDOW, PREC, BF16,
+                             UPCAST, BOTH_W, GROUP_W, TIMING, TSLOTS, NST, PHASES)
+            else:
+                _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                             wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr,
+                             time_ptr, F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, PREC, BF16,
+                             UPCAST, BOTH, GROUP, TIMING, TSLOTS, NST, PHASES)
             if lead:
                 o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
                 _lstm_head(0, 1, n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
                            H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, True)
                 _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)
-            _lstm_copy_h(L - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
-                         H, W, L, BH, BLOCK_M, WINDOW, True)
+            if wide:
+                _lstm_copy_h(L - 1, j_w, ms_w, n_ms_w, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
+                             H, W, L, BH_W, BLOCK_M_W, WINDOW, True)
+            else:
+                _lstm_copy_h(L - 1, j, ms, n_ms, n, slots_ptr, pos_ptr, h_ptr, scratch_ptr,
+                             H, W, L, BH, BLOCK_M, WINDOW, True)
             nstep += 1
         if kind == _RESET:
             _lstm_zero_slots(j, ms, n_ms, n, slots_ptr, h_ptr, c_ptr, held_ptr, lead, H, W, L, BH)
@@ -167,6 +214,27 @@ def _lstm_persistent_kernel(
             r += 1
         else:
             running = 0
+
+
+# The wide tiling (kernel-level, tools/sweep_persistent_geometry.py, BENCHMARKS.md wave 41, H100):
+# lstm_a's device time per request at batch 1 / 2 / 4 / 8 / 64 was 12.3 / 19.0 / 30.8 / 49.4 / 306 µs
+# in the batch-1 tiling (block_h 4, 16-row tiles) against 14.3 / 16.1 / 18.5 / 31.2 / 148 with twice the
+# hidden units a program and 32-row tiles: a request of two windows or more takes the latter.
+WIDE_BLOCK_H_FACTOR = 2
+WIDE_BLOCK_M = 32
+WIDE_MIN_ENTRIES = 2
+
+
+def pack_wide(params, w: LstmWeights) -> LstmWeights | None:
+    """The weights of `params` packed for the persistent kernel's wide tiling (WIDE_BLOCK_H_FACTOR x
+    w's hidden units a program), or None where a program would hold more units than the model has."""
+    from hft_infer.kernels.lstm import prepare_lstm_weights
+
+    block_h = WIDE_BLOCK_H_FACTOR * w.block_h
+    if block_h > triton.next_power_of_2(w.hidden):
+        return None
+    return prepare_lstm_weights(params, precision=w.precision, device=w.wh.device, block_h=block_h,
+                                block_k=w.block_k)
 
 
 def phase_stamps(layers: int) -> list[str]:
@@ -194,7 +262,8 @@ class LstmPersistent(PersistentKernel):
     def __init__(self, w: LstmWeights, ring: RequestRing, n_slots: int, thresholds: torch.Tensor,
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
                  block_m: int | None = None, num_warps: int = 4, timing: bool = False,
-                 phases: bool = False) -> None:
+                 phases: bool = False, wide: LstmWeights | None = None, wide_block_m: int = WIDE_BLOCK_M,
+                 wide_min_entries: int = WIDE_MIN_ENTRIES) -> None:
         dev = w.wh.device
         # phases (with timing): the lead program also stamps the broadcast, each layer's end and
         # each layer barrier's, and the last program the broadcast's arrival (PHASE_STAMPS); a
@@ -233,7 +302,31 @@ class LstmPersistent(PersistentKernel):
         self.h = torch.zeros(shape, **f32)
         self.c = torch.zeros(shape, **f32)
         self.scratch = torch.zeros(w.layers * rows * w.hidden, **f32)
-        self.xp = torch.zeros(self.split * w.n_blocks * max_batch * 4 * w.block_h, **f32)
+        # the wide tiling (window mode): requests of wide_min_entries windows or more take `wide`'s
+        # hidden blocks (the same programs, placed anew) and wide_block_m-row tiles
+        self.wide, self.wide_reason = self._wide_tiling(wide, wide_block_m)
+        self.wide_block_m = wide_block_m
+        self.wide_rows = wide_min_entries * self.states if self.wide is not None else 0
+        # each program's private x-projection rows: max_batch x 4 units of its widest tiling
+        widest = max(w.block_h, self.wide.block_h if self.wide is not None else 0)
+        self.xp = torch.zeros(self.programs * max_batch * 4 * widest, **f32)
+
+    def _wide_tiling(self, wide: LstmWeights | None, block_m: int) -> tuple[LstmWeights | None, str]:
+        """`wide` if this kernel can take it as its second tiling, else None; and why not."""
+        w = self.w
+        if wide is None:
+            return None, "none given"
+        if not self.window_mode:
+            return None, "stream mode (not measured)"
+        if self.programs % wide.n_blocks:
+            return None, f"{self.programs} programs do not split into {wide.n_blocks} hidden blocks"
+        same = ("layers", "hidden", "features", "f_pad", "kh", "block_k", "precision")
+        differ = [k for k in same if getattr(wide, k) != getattr(w, k)]
+        if differ:
+            raise ValueError(f"the wide weights are not packed from the same model as w: {differ} differ")
+        if block_m < 16 or block_m & (block_m - 1):
+            raise ValueError(f"wide_block_m must be a power of two >= 16, got {block_m}")
+        return wide, "in use"
 
     @property
     def programs(self) -> int:
@@ -241,17 +334,22 @@ class LstmPersistent(PersistentKernel):
 
     def _launch_spec(self) -> tuple:
         w = self.w
+        ww = self.wide if self.wide is not None else w  # no wide tiling: its arguments unused (WIDE_ROWS 0)
+        budget = PREFETCH_MAX_PERSISTENT * self.num_warps // 4
+        wide_plan = prefetch_plan(ww, self.wide_block_m, budget)
         prec, bf16 = dot_flags(w.precision)
         return (_lstm_persistent_kernel, (w.n_blocks, self.split),
                 (*self.ring_args(), self.times, self.sync,
-                 w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, w.head_w, w.head_b,
+                 w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, ww.wx0, ww.wx, ww.wh, ww.bias, w.head_w, w.head_b,
                  self.h, self.c, self.scratch, self.xp, self.thresholds, self.held),
                 dict(F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh,
                      BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
                      WINDOW=self.window_mode, **self.ring_consts(),
                      PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), HB=16, OUT_C=OUT_COLS,
                      TIMING=self.timing, TSLOTS=self.time_slots, NST=self.stamps, PHASES=self.phases,
-                     **prefetch_plan(w, self.block_m, PREFETCH_MAX_PERSISTENT * self.num_warps // 4),
+                     **prefetch_plan(w, self.block_m, budget),
+                     WIDE_ROWS=self.wide_rows, BH_W=ww.block_h, NB_W=ww.n_blocks, BLOCK_M_W=self.wide_block_m,
+                     BOTH_W=wide_plan["BOTH"], GROUP_W=wide_plan["GROUP"],
                      num_warps=self.num_warps, num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:

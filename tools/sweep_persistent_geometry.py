@@ -8,17 +8,19 @@ tools/bench_kernels.py does (its Setup and Driver), rows already in the pinned h
     python3 tools/sweep_persistent_geometry.py [--models lstm_a] [--batches 1,8]
         [--geometries 4/0/4/0,8/0/4/0,4/64/4/0] [--steps 1000] [--cpu CORE] [--json PATH]
 
-GEOMETRY = block_h/block_m/num_warps/max_programs, 0 for the kernel's own choice (block_h 4,
-block_m by its batch-1 rule, 4 warps, every SM). Per variant: the weights packed for its block_h,
-the kernel built with phase stamps (`LstmPersistent(phases=True)`, a diagnostic build; the
-kernels compile first, in parallel child processes), FILL_STEPS steps of every slot, the error
-against float64 at each batch, then --steps requests of each batch one at a time. Rows: host
-submit -> done seen p50 / p99, device p50 (detect -> done, %globaltimer),
-and the median of each phase on the lead program's clock -- broadcast (detect -> the request
-published to the other programs), layer k (-> the lead's share of layer k computed), barrier k
-(-> every program arrived at layer k's barrier), head (-> done released) -- and "last sees" (detect
--> the last program read the broadcast). A last row runs the first geometry without the phase
-stamps: what they cost. Exits 2 without CUDA.
+GEOMETRY = block_h/block_m/num_warps/max_programs[/wide_block_m], 0 for the kernel's own choice
+(block_h 4, block_m by its batch-1 rule, 4 warps, every SM); a fifth field adds the wide tiling the
+engine builds (`pack_wide`: twice the hidden units a program) with tiles of that many rows, which
+requests of WIDE_MIN_ENTRIES windows or more take (0 or absent: the one tiling). Per variant: the
+weights packed for its block_h, the kernel built with phase stamps (`LstmPersistent(phases=True)`, a
+diagnostic build; the kernels compile first, in parallel child processes), FILL_STEPS steps of every
+slot, the error against float64 at each batch, then --steps requests of each batch one at a time.
+Rows: host submit -> done seen p50 / p99, device p50 (detect -> done, %globaltimer), and the median
+of each phase on the lead program's clock -- broadcast (detect -> the request published to the other
+programs), layer k (-> the lead's share of layer k computed), barrier k (-> every program arrived at
+layer k's barrier), head (-> done released) -- and "last sees" (detect -> the last program read the
+broadcast). A last row runs the first geometry without the phase stamps: what they cost. Exits 2
+without CUDA.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="lstm_a")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--geometries", default="0/0/0/0,8/0/4/0,16/0/4/0,4/32/4/0,4/64/4/0,8/64/4/0,4/0/2/0",
-                    help="block_h/block_m/num_warps/max_programs, comma-separated (0: the kernel's choice)")
+    ap.add_argument("--geometries", default="0/0/0/0,0/0/0/0/32,8/0/4/0,4/32/4/0,8/64/4/0",
+                    help="block_h/block_m/num_warps/max_programs[/wide_block_m], comma-separated (0: the "
+                         "kernel's choice; no fifth field: one tiling)")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--cpu", type=int, default=None, help="pin this process to a core")
@@ -50,18 +53,20 @@ def parse_args(argv=None):
     a.models = [m for m in a.models.split(",") if m]
     a.batches = [int(b) for b in a.batches.split(",") if b]
     try:
-        a.geometries = [tuple(int(x) for x in g.split("/")) for g in a.geometries.split(",") if g]
+        a.geometries = [(*g, 0) if len(g) == 4 else g
+                        for g in (tuple(int(x) for x in g.split("/")) for g in a.geometries.split(",") if g)]
     except ValueError:
-        ap.error(f"--geometries: integers block_h/block_m/num_warps/max_programs, got {a.geometries!r}")
-    bad = [m for m in a.models if m not in MODELS] + [g for g in a.geometries if len(g) != 4 or min(g) < 0]
+        ap.error(f"--geometries: integers block_h/block_m/num_warps/max_programs[/wide_block_m], got {a.geometries!r}")
+    bad = [m for m in a.models if m not in MODELS] + [g for g in a.geometries if len(g) != 5 or min(g) < 0]
     if bad:
         ap.error(f"unknown model (of {', '.join(MODELS)}) or malformed geometry: {bad}")
     return a
 
 
-def geometry_label(geo: tuple[int, int, int, int]) -> str:
+def geometry_label(geo: tuple[int, ...]) -> str:
     names = ("bh", "bm", "warps", "progs")
-    return " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
+    label = " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
+    return label + (f" + wide bm={geo[4]}" if len(geo) > 4 and geo[4] else "")
 
 
 def phase_medians(stamps: np.ndarray, layers: int) -> dict[str, float]:
@@ -85,17 +90,19 @@ def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     from bench_kernels import N_INST, Setup
 
     from hft_infer.kernels.lstm import prepare_lstm_weights
-    from hft_infer.kernels.lstm_persistent import LstmPersistent
+    from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
 
-    block_h, block_m, warps, programs = geo
+    block_h, block_m, warps, programs, wide_block_m = geo
     st = Setup(name, precision, dev)
     if block_h and block_h != st.w.block_h:
         st.w = prepare_lstm_weights(st.params, precision=precision, device=dev, block_h=block_h)
 
+    wide = dict(wide=pack_wide(st.params, st.w), wide_block_m=wide_block_m) if wide_block_m else {}
+
     def persistent(ring, max_programs=None, timing=True):
         return LstmPersistent(st.w, ring, N_INST + 1, st.thr, st.held, window=st.window,
                               max_programs=programs or None, block_m=block_m or None, num_warps=warps or 4,
-                              timing=True, phases=phases)
+                              timing=True, phases=phases, **wide)
 
     st.persistent = persistent
     return st
@@ -161,7 +168,8 @@ def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
         s0, ns = lat[b]
         stamps = d.kernel.device_stamps_ns(s0, s0 + args.steps - 1)
         row = {"model": name, "batch": b, "geometry": geometry_label(geo), "phases": phases,
-               "programs": d.kernel.programs, "block_m": d.kernel.block_m, "host_us": pct(ns),
+               "programs": d.kernel.programs, "block_m": d.kernel.block_m, "wide": d.kernel.wide_reason,
+               "host_us": pct(ns),
                "device_us": float(np.median(stamps[:, 1] - stamps[:, 0])) / 1e3, "err_vs_f64": errs[b]}
         if phases:
             row["phase_us"] = phase_medians(stamps, st.w.layers)

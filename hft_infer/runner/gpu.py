@@ -165,10 +165,13 @@ class KernelStep:
                 raise ProgramBudgetError(f"the MLP kernel holds {self.w.programs_per_tile} programs, max_programs "
                                          f"is {max_programs}")
             return MlpPersistent(self.w, ring, self.thresholds, self.held)
-        from hft_infer.kernels.lstm_persistent import LstmPersistent
+        from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
 
+        window = self.mode == "window"
+        # window mode: requests of a few windows or more take a wider tiling (kernels/lstm_persistent.py)
         return LstmPersistent(self.w, ring, self.ring_h.shape[0], self.thresholds, self.held,
-                              window=self.window if self.mode == "window" else None, max_programs=max_programs)
+                              window=self.window if window else None, max_programs=max_programs,
+                              wide=pack_wide(self._params, self.w) if window else None)
 
     def reset(self) -> None:
         for t in (self.h, self.c):

@@ -29,7 +29,7 @@ from kernels_testlib import TOL, check_out, make_lstm, make_mlp, make_rows, pres
 
 from hft_infer.kernels.common import OUT_COLS
 from hft_infer.kernels.lstm import prepare_lstm_weights
-from hft_infer.kernels.lstm_persistent import LstmPersistent
+from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
 from hft_infer.kernels.lstm_stream import lstm_stream_reference
 from hft_infer.kernels.lstm_window import (
     alloc_window_state,
@@ -130,6 +130,7 @@ class Case:
     depth: int = 7
     max_batch: int = 4
     block_h: int = 16  # under the interpreter: >= hidden (one program)
+    wide_block_h: int = 0  # window mode on the CPU: the wide tiling's weights packed for this (0: none)
 
 
 ROUNDS = ((("step", 2), ("step", 1), ("step", 3)), (("step", 3), ("reset", 2), ("step", 3)),
@@ -137,6 +138,8 @@ ROUNDS = ((("step", 2), ("step", 1), ("step", 3)), (("step", 3), ("reset", 2), (
 CPU_CASES = [
     Case("window", "fp32", ROUNDS),
     Case("window", "bf16", ROUNDS[:2], layers=1),
+    # both tilings: requests of one window take the first, of two or more the wide one (32-row tiles)
+    Case("window", "fp32", ROUNDS[:2], wide_block_h=32),
     Case("stream", "fp32", ROUNDS[:3], layers=3, hidden=9),
     Case("mlp", "fp32", ROUNDS),
     Case("mlp", "bf16", ROUNDS[:2]),
@@ -173,9 +176,17 @@ class Model:
             self.params = params if params is not None else make_lstm(case.levels, case.hidden, case.layers, gen)[0]
             bh = case.block_h if dev.type == "cpu" else 4
             w = prepare_lstm_weights(self.params, precision=case.precision, device=dev, block_h=bh)
+            # window mode: the wide tiling as the engine builds it (requests of two windows or more
+            # take it); on the CPU, where one program holds every unit, where a case asks for it
+            wide = None
+            if case.family == "window" and dev.type != "cpu":
+                wide = pack_wide(self.params, w)
+            elif case.family == "window" and case.wide_block_h:
+                wide = prepare_lstm_weights(self.params, precision=case.precision, device=dev,
+                                            block_h=case.wide_block_h)
             self.kernel = LstmPersistent(w, self.ring, self.n_slots, self.thr, self.held,
                                          window=case.window if case.family == "window" else None,
-                                         max_programs=max_programs, timing=phases, phases=phases)
+                                         max_programs=max_programs, timing=phases, phases=phases, wide=wide)
         self.refs = {}
         for name, dt in (("fp32", torch.float32), ("f64", torch.float64)):
             st = {"held": torch.zeros(self.n_slots, dtype=torch.int32), "params": self.params.to(dt)}
@@ -233,7 +244,7 @@ def _plan(case: Case, rnd: random.Random, nxt: dict[int, int], ops, sink: int, g
 
 
 def _case_id(c: Case) -> str:
-    return f"{c.family}-{c.precision}-L{c.layers}-H{c.hidden}-B{c.max_batch}"
+    return f"{c.family}-{c.precision}-L{c.layers}-H{c.hidden}-B{c.max_batch}" + ("-wide" if c.wide_block_h else "")
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=_case_id(c)) for c in CPU_CASES])
@@ -242,6 +253,8 @@ def test_persistent_matches_references(case: Case):
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     rnd = random.Random(7)
     model = Model(case, dev, gen, max_batch=case.max_batch, n_requests=4)  # a round's requests: at most R - 1
+    if case.wide_block_h:  # the case is about the second tiling: it must be in use, not silently left out
+        assert model.kernel.wide_reason == "in use" and model.kernel.wide_rows == 2 * case.window
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
@@ -361,6 +374,8 @@ def _gpu_child(name: str) -> None:
     gen = torch.Generator().manual_seed(2)
     rnd = random.Random(3)
     nxt = {s: 0 for s in range(n_inst)}
+    if family == "window":  # both tilings under test: batches of one window take one, larger ones the other
+        assert model.kernel.wide_reason == "in use", model.kernel.wide_reason
     model.kernel.precompile()
     model.kernel.start()
     ring, sink, tol = model.ring, n_inst, TOL[precision]
@@ -397,7 +412,8 @@ def _gpu_child(name: str) -> None:
         lead = np.concatenate([t[:, [0, 2]], t[:, 3:3 + 2 * model.params.layers], t[:, [1]]], axis=1)
         assert (lead[:, 0] > 0).all() and (np.diff(lead, axis=1) >= 0).all(), f"lead stamps out of order: {lead[:3]}"
         assert (t[:, -1] >= t[:, 0]).all(), "the last program saw a request before it was detected"
-    print(json.dumps({"case": name, "served": served, "worst_rel_err": worst, "programs": model.kernel.programs}))
+    print(json.dumps({"case": name, "served": served, "worst_rel_err": worst, "programs": model.kernel.programs,
+                      "wide": getattr(model.kernel, "wide_reason", None)}))
 
 
 def _check_oldest(model: Model, pending: list, served: int, worst: float, tol: float):

@@ -1,0 +1,142 @@
+"""The host side of the persistent LSTM kernel (kernels/lstm_persistent.py) and of
+tools/sweep_persistent_geometry.py: the phase stamps' layout a request's row holds and the phases
+worked out of it, the wide tiling's conditions and buffers, the sweep's geometry option. (The
+kernel's stores and both tilings run on a GPU only: tests/kernels/test_kernel_persistent.py's GPU
+cases, `lstm_a-window-fp32-phases` among them.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sweep_persistent_geometry as sweep
+import torch
+from kernel_compile import cpu_kernel_step
+
+from hft_infer.kernels.lstm import prepare_lstm_weights
+from hft_infer.kernels.lstm_persistent import (
+    WIDE_BLOCK_H_FACTOR,
+    WIDE_BLOCK_M,
+    WIDE_MIN_ENTRIES,
+    LstmPersistent,
+    pack_wide,
+    phase_stamps,
+)
+from hft_infer.runner.gpu import PersistentEngine
+
+SMS = 132  # an H100's or H200's: the programs a kernel may take (on a CPU device: given)
+
+
+@pytest.fixture
+def compiled_mode(monkeypatch):
+    """The kernels' objects built as for a GPU (the test suite runs Triton's interpreter, under which
+    a persistent kernel takes one program and no stamps: kernels/common.interpreting); nothing here
+    launches a kernel."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def _kernel(phases: bool = False, timing: bool = True, case: str = "lstm_a", **kw) -> LstmPersistent:
+    """A persistent kernel built on the CPU (never started) from the engine's own (`kw`: LstmPersistent's
+    other options; without `wide`, the engine's wide weights if it has them)."""
+    kstep = cpu_kernel_step(case, 8)
+    ring = PersistentEngine.request_ring(kstep, max_batch=8, max_inflight=2)
+    k = kstep.persistent(ring, max_programs=kw.pop("max_programs", SMS))
+    kw.setdefault("wide", k.wide)
+    return LstmPersistent(k.w, ring, k.h.shape[0], k.thresholds, k.held, window=k.states if k.window_mode else None,
+                          max_programs=k.programs, timing=timing, phases=phases, **kw)
+
+
+def test_phase_stamps_name_every_stamp_of_a_request_row():
+    names = phase_stamps(2)
+    assert names == ["detect", "done", "broadcast", "layer 0", "barrier 0", "layer 1", "barrier 1",
+                     "last program sees it"]
+    # the kernel writes the last program's stamp at 3 + 2 L (lstm_persistent.py): the last name's index
+    assert names.index("last program sees it") == 3 + 2 * 2
+    assert len(phase_stamps(3)) == 4 + 2 * 3
+
+
+def test_stamps_rows_by_request_and_device_time_from_their_first_two(compiled_mode):
+    k = _kernel(phases=True)
+    assert k.phases and k.stamps == len(phase_stamps(2))
+    assert k.times.numel() == k.stamps * k.time_slots
+    rows = k.times.view(k.time_slots, k.stamps)
+    for seq in (1, 2, 3):  # request s at row (s - 1) % time_slots
+        rows[seq - 1] = torch.arange(k.stamps) * 100 + seq
+        rows[seq - 1, 1] = 1000 * seq + seq  # done
+    got = k.device_stamps_ns(2, 3)
+    assert got.shape == (2, k.stamps) and got[0, 0] == 2 and got[1, 2] == 203
+    assert k.device_times_ns(1, 3).tolist() == [1000, 2000, 3000]
+    # wrapped: request time_slots + 1 shares row 0 with request 1
+    assert k.device_stamps_ns(k.time_slots + 1, k.time_slots + 1)[0, 0] == 1
+
+
+def test_the_service_build_keeps_two_stamps_a_request(compiled_mode):
+    plain = _kernel(phases=False)
+    assert not plain.phases and plain.stamps == 2 and plain.times.numel() == 2 * plain.time_slots
+    # phases without timing stamps nothing: the kernel's PHASES constexpr follows timing
+    untimed = _kernel(phases=True, timing=False)
+    assert not untimed.phases
+    with pytest.raises(RuntimeError, match="timing=True"):
+        untimed.device_stamps_ns(1, 1)
+
+
+def test_phase_medians_are_the_gaps_between_consecutive_stamps():
+    # detect 0, broadcast 400, layer 0 ends 3,400, its barrier 5,900, layer 1 9,200, barrier 10,400, done 12,000;
+    # the last program read the broadcast at 800
+    one = [0, 12_000, 400, 3_400, 5_900, 9_200, 10_400, 800]
+    other = [v + 7 for v in one]  # another request, the same gaps
+    got = sweep.phase_medians(np.array([one, other]), layers=2)
+    assert got == pytest.approx({"broadcast": 0.4, "layer 0": 3.0, "barrier 0": 2.5, "layer 1": 3.3,
+                                 "barrier 1": 1.2, "head": 1.6, "last sees": 0.8})
+    assert sum(v for k, v in got.items() if k != "last sees") == pytest.approx(12.0)  # detect -> done
+
+
+def test_geometry_option_is_checked(capsys):
+    a = sweep.parse_args(["--geometries", "4/0/4/0,8/64/4/64,0/0/0/0/32", "--batches", "1,8"])
+    assert a.geometries == [(4, 0, 4, 0, 0), (8, 64, 4, 64, 0), (0, 0, 0, 0, 32)] and a.batches == [1, 8]
+    assert sweep.geometry_label((8, 0, 4, 0, 0)) == "bh=8 bm=auto warps=4 progs=auto"
+    assert sweep.geometry_label((0, 0, 0, 0, 32)) == "bh=auto bm=auto warps=auto progs=auto + wide bm=32"
+    for bad in (["--geometries", "4/0/4"], ["--geometries", "4/x/4/0"], ["--geometries", "4/0/-1/0"],
+                ["--geometries", "4/0/4/0/32/1"], ["--models", "mlp_small"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
+    assert "geometry" in capsys.readouterr().err
+
+
+def test_the_engine_builds_lstm_windows_with_the_wide_tiling(compiled_mode):
+    k = _kernel()
+    assert k.wide_reason == "in use" and k.wide.block_h == WIDE_BLOCK_H_FACTOR * k.w.block_h
+    assert k.programs % k.wide.n_blocks == 0  # the same programs, placed anew
+    assert k.wide_rows == WIDE_MIN_ENTRIES * k.states and k.wide_block_m == WIDE_BLOCK_M
+    # each program's private projection rows sized for the wider tiling's units
+    assert k.xp.numel() == k.programs * k.ring.max_batch * 4 * k.wide.block_h
+    consts = k._launch_spec()[3]
+    assert (consts["WIDE_ROWS"], consts["BH_W"], consts["NB_W"], consts["BLOCK_M_W"]) == (
+        k.wide_rows, k.wide.block_h, k.wide.n_blocks, WIDE_BLOCK_M)
+
+
+def test_one_tiling_where_the_wide_one_cannot_serve(compiled_mode):
+    kstep = cpu_kernel_step("lstm_a", 8)
+    wide = pack_wide(kstep._params, kstep.w)
+    stream = _kernel(case="lstm_a/stream", wide=wide)  # stream mode: not measured, so not taken
+    assert stream.wide is None and stream.wide_rows == 0 and "stream" in stream.wide_reason
+    assert cpu_kernel_step("lstm_a/stream", 8).persistent(stream.ring, max_programs=SMS).wide_reason == "none given"
+    narrow = _kernel(wide=None)
+    assert narrow.wide_reason == "none given" and narrow._launch_spec()[3]["WIDE_ROWS"] == 0
+    assert narrow.xp.numel() == narrow.programs * narrow.ring.max_batch * 4 * narrow.w.block_h
+    # a tiling whose hidden blocks do not divide the programs: 48 programs of 8 units (16 blocks x 3) and
+    # wide weights of 4 units (32 blocks)
+    odd = LstmPersistent(wide, narrow.ring, narrow.h.shape[0], narrow.thresholds, narrow.held, window=50,
+                         max_programs=48, wide=kstep.w)
+    assert odd.programs == 48 and odd.wide is None
+    assert odd.wide_reason == "48 programs do not split into 32 hidden blocks"
+    # a program holding every unit already: no wider tiling
+    whole = prepare_lstm_weights(kstep._params, device="cpu", block_h=128)
+    assert pack_wide(kstep._params, whole) is None and pack_wide(kstep._params, wide).block_h == 16
+
+
+def test_wide_weights_of_another_model_are_refused(compiled_mode):
+    other = cpu_kernel_step("lstm_b", 8)
+    with pytest.raises(ValueError, match="not packed from the same model"):
+        _kernel(wide=pack_wide(other._params, other.w))
+    with pytest.raises(ValueError, match="wide_block_m"):
+        _kernel(wide_block_m=24)
