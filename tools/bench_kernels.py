@@ -102,13 +102,15 @@ class Setup:
         self.window = self.spec.window if self.family == "window" else None
 
     def persistent(self, ring, max_programs=None, timing=True):
-        from hft_infer.kernels.lstm_persistent import LstmPersistent
+        from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
         from hft_infer.kernels.mlp_persistent import MlpPersistent
 
         if self.family == "mlp":
             return MlpPersistent(self.w, ring, self.thr, self.held, timing=timing)
+        # window mode: both tilings, as the engine builds it (runner/gpu.py)
+        wide = pack_wide(self.params, self.w) if self.family == "window" else None
         return LstmPersistent(self.w, ring, N_INST + 1, self.thr, self.held, window=self.window,
-                              max_programs=max_programs, timing=timing)
+                              max_programs=max_programs, timing=timing, wide=wide)
 
     def ring(self):
         """The persistent kernels' request ring for this model (rows per entry: W for the MLP)."""
