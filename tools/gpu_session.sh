@@ -161,7 +161,9 @@
 #                                          # interleaved by bench_overload (~250 s); wave40d: the landing
 #                                          # tests alone (~130 s); wave41: the persistent kernel
 #                                          # tests, then tools/sweep_persistent_geometry.py (~500 s); wave41b:
-#                                          # the landing tests, then the sweep (~420 s)
+#                                          # the landing tests, then the sweep (~420 s); wave41d: the
+#                                          # landing and persistent kernel tests, the tilings swept, the
+#                                          # engine rows against BASE_TGZ's (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -378,10 +380,10 @@ gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest 
   step gpu_tests "$t" $PY -m pytest -q -rs -p no:cacheprovider "$@"
 }
 
-engines_pair() {  # engines_pair K MODELS TIMEOUT: bench_engines' graph and persistent rows at batches 1 and 64 of
-  # MODELS, this tree (step engines_newK) then BASE_TGZ's (engines_baseK; setup_base first), on core 2
-  local k=$1 models=$2 t=$3
-  local args=(tools/bench_engines.py --quick --engines graph,persistent --models "$models" --batches 1,64)
+engines_pair() {  # engines_pair K MODELS TIMEOUT [BATCHES]: bench_engines' graph and persistent rows of MODELS at
+  # BATCHES (1,64), this tree (step engines_newK) then BASE_TGZ's (engines_baseK; setup_base first), on core 2
+  local k=$1 models=$2 t=$3 batches=${4:-1,64}
+  local args=(tools/bench_engines.py --quick --engines graph,persistent --models "$models" --batches "$batches")
   step "engines_new$k" "$t" taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new$k.json"
   step "engines_base$k" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
        "$base/py" "${args[@]}" --json "$WORK/engines_base$k.json"
@@ -1928,6 +1930,17 @@ elif [ "$phase" = wave41b ]; then  # the landing tests, then the sweep (wave41's
   step sweep_geometry 300 $PY tools/sweep_persistent_geometry.py --cpu 2 --json "$WORK/sweep_geometry.json"
   summarize
   verbatim gpu_tests sweep_geometry
+elif [ "$phase" = wave41d ]; then
+  # the persistent LSTM's wide tiling: the landing tests with the persistent kernel tests (both tilings against
+  # float64), the kernel-level sweep (one tiling; both, with 32- and 64-row wide tiles; batches 1-64), then the
+  # engine rows through the runner against BASE_TGZ's
+  setup_base
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step sweep_tilings 150 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 500 --batches 1,2,4,8,16,32,64 \
+       --geometries 4/0/4/0,4/0/4/0/32,4/0/4/0/64 --json "$WORK/sweep_tilings.json"
+  engines_pair 1 lstm_a/window,lstm_b/window 75 1,8,64
+  summarize
+  verbatim gpu_tests sweep_tilings engines_new1 engines_base1
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
