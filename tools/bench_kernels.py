@@ -229,6 +229,32 @@ class Driver:
             return lstm_stream_reference(r["p"], r["h"], r["c"], rows, sl, thr, r["held"], out)
         return mlp_step_reference(r["p"], ring, sl, pos, thr, r["held"], out)
 
+    def timed_run(self, batches: list[int], steps: int, fill_steps: int) -> tuple[dict, dict]:
+        """Start the kernel; `fill_steps` checked steps of MAX_B (state in the windows), the error
+        against float64 at each batch, then `steps` requests of each batch one at a time (after 50
+        untimed); stop it. Returns ({batch: relative error}, {batch: (first timed seq, host ns each)})."""
+        self.kernel.precompile()
+        self.kernel.start()
+        errs, lat = {}, {}
+        try:
+            for _ in range(fill_steps):
+                self.step(MAX_B, check=True)
+            for b in batches:
+                errs[b] = self.step(b, check=True)
+            gc.collect()
+            gc.disable()
+            try:
+                for b in batches:
+                    for _ in range(50):
+                        self.step(b)
+                    s0 = self.ring.seq + 1
+                    lat[b] = (s0, np.array([self.step(b) for _ in range(steps)]))
+            finally:
+                gc.enable()
+        finally:
+            self.kernel.stop()
+        return errs, lat
+
     def step(self, b: int, check: bool = False):
         k, slots, positions = self.stage(b)
         ref = self.reference(slots, positions) if check else None
@@ -246,28 +272,7 @@ class Driver:
 
 def bench_persistent(st: Setup, args, results: list) -> None:
     d = Driver(st, args)
-    d.kernel.precompile()
-    d.kernel.start()
-    errs = {}
-    try:
-        for _ in range((st.spec.window if st.family != "stream" else 8) + 2):  # fill every window
-            d.step(MAX_B, check=True)
-        for b in args.batches:
-            errs[b] = d.step(b, check=True)
-
-        lat = {}
-        gc.collect()
-        gc.disable()
-        try:
-            for b in args.batches:
-                for _ in range(50):
-                    d.step(b)
-                s0 = d.ring.seq + 1
-                lat[b] = (s0, np.array([d.step(b) for _ in range(args.steps)]))
-        finally:
-            gc.enable()
-    finally:
-        d.kernel.stop()
+    errs, lat = d.timed_run(args.batches, args.steps, (st.spec.window if st.family != "stream" else 8) + 2)
     for b in args.batches:
         s0, ns = lat[b]
         dev_ns = d.kernel.device_times_ns(s0, s0 + args.steps - 1)

@@ -26,7 +26,6 @@ without CUDA.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -138,31 +137,14 @@ def precompile(variants: list[tuple], precision: str) -> None:
 def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
     """One geometry: its kernel started, windows filled, each batch timed; a row per batch."""
     import torch
-    from bench_kernels import MAX_B, Driver, pct
+    from bench_kernels import Driver, pct
 
     st = _setup(name, geo, phases, args.precision, dev)
     d = Driver(st, SimpleNamespace(max_programs=None))
-    d.kernel.precompile()
-    d.kernel.start()
-    errs, lat = {}, {}
     try:
-        for _ in range(FILL_STEPS):  # state in every window of the batch's slots, checked as it goes
-            d.step(MAX_B, check=True)
-        for b in args.batches:
-            errs[b] = d.step(b, check=True)
-        gc.collect()
-        gc.disable()
-        try:
-            for b in args.batches:
-                for _ in range(50):
-                    d.step(b)
-                s0 = d.ring.seq + 1
-                lat[b] = (s0, np.array([d.step(b) for _ in range(args.steps)]))
-        finally:
-            gc.enable()
+        errs, lat = d.timed_run(args.batches, args.steps, FILL_STEPS)
     finally:
-        d.kernel.stop()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # the kernel has exited (or never started)
     rows = []
     for b in args.batches:
         s0, ns = lat[b]
