@@ -257,7 +257,9 @@ class LstmPersistent(PersistentKernel):
 
     Each entry's new raw row goes in the request's rows[b, 0]; n_slots counts the padding sink
     (the last slot). thresholds float32 [2] and held int32 [n_slots] on the device; h, c
-    (allocated here, zero) are the model state."""
+    (allocated here, zero) are the model state. `wide` (window mode): the same model's weights
+    packed for the second tiling (`pack_wide`), which requests of `wide_min_entries` windows or
+    more take; `wide_reason` says whether it is in use and why not."""
 
     def __init__(self, w: LstmWeights, ring: RequestRing, n_slots: int, thresholds: torch.Tensor,
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
@@ -266,7 +268,7 @@ class LstmPersistent(PersistentKernel):
                  wide_min_entries: int = WIDE_MIN_ENTRIES) -> None:
         dev = w.wh.device
         # phases (with timing): the lead program also stamps the broadcast, each layer's end and
-        # each layer barrier's, and the last program the broadcast's arrival (PHASE_STAMPS); a
+        # each layer barrier's, and the last program the broadcast's arrival (`phase_stamps`); a
         # diagnostic build (tools/sweep_persistent_geometry.py), never the service's
         super().__init__(ring, dev, timing=timing, stamps=len(phase_stamps(w.layers)) if phases else 2)
         self.phases = phases and self.timing
