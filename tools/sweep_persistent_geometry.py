@@ -120,7 +120,8 @@ def _compile_job(name: str, geo: tuple, phases: bool, precision: str) -> str:
 
 
 def precompile(variants: list[tuple], precision: str) -> None:
-    """Every variant's kernel compiled at once in child processes (one compile is tens of seconds)."""
+    """Every variant's kernel compiled at once in child processes, which fill Triton's disk cache for
+    the runs here (3-6 s each on an H100 host)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
