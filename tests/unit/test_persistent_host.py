@@ -1,6 +1,7 @@
 """The host side of the persistent LSTM kernel (kernels/lstm_persistent.py) and of
 tools/sweep_persistent_geometry.py: the phase stamps' layout a request's row holds and the phases
-worked out of it, the wide tiling's conditions and buffers, the sweep's geometry option. (The
+worked out of it, the wide tiling's conditions and buffers, the sweep's geometry option, the timed
+run the sweep shares with tools/bench_kernels.py. (The
 kernel's stores and both tilings run on a GPU only: tests/kernels/test_kernel_persistent.py's GPU
 cases, `lstm_a-window-fp32-phases` among them.)"""
 
@@ -140,3 +141,53 @@ def test_wide_weights_of_another_model_are_refused(compiled_mode):
         _kernel(wide=pack_wide(other._params, other.w))
     with pytest.raises(ValueError, match="wide_block_m"):
         _kernel(wide_block_m=24)
+
+
+def test_timed_run_checks_then_times_each_batch_and_always_stops_the_kernel():
+    """tools/bench_kernels.py's Driver.timed_run (the sweep's and bench_kernels' run), its orchestration on
+    a stand-in kernel and ring (the real ones need a GPU): fill steps at MAX_B checked, one checked step
+    per batch, 50 untimed and `steps` timed ones per batch, the first timed request's seq; the kernel
+    stopped on the way out, an error included."""
+    import bench_kernels
+
+    calls = []
+
+    class Kernel:
+        def precompile(self):
+            calls.append("precompile")
+
+        def start(self):
+            calls.append("start")
+
+        def stop(self):
+            calls.append("stop")
+
+    class Ring:
+        seq = 0
+
+    d = bench_kernels.Driver.__new__(bench_kernels.Driver)
+    d.kernel, d.ring = Kernel(), Ring()
+
+    def step(b, check=False):
+        d.ring.seq += 1
+        calls.append((b, check))
+        return 1e-7 * b if check else 1000 + d.ring.seq
+
+    d.step = step
+    errs, lat = d.timed_run([1, 8], steps=3, fill_steps=2)
+    assert calls[:2] == ["precompile", "start"] and calls[-1] == "stop"
+    assert calls[2:6] == [(bench_kernels.MAX_B, True)] * 2 + [(1, True), (8, True)]
+    assert errs == {1: 1e-7, 8: 8e-7}
+    # batch 1: seqs 5-54 untimed, 55-57 timed; batch 8: 58-107 untimed, 108-110 timed
+    assert lat[1][0] == 55 and lat[1][1].tolist() == [1055, 1056, 1057]
+    assert lat[8][0] == 108 and lat[8][1].tolist() == [1108, 1109, 1110]
+
+    calls.clear()
+
+    def failing(b, check=False):
+        raise RuntimeError("watchdog")
+
+    d.step = failing
+    with pytest.raises(RuntimeError, match="watchdog"):
+        d.timed_run([1], steps=3, fill_steps=1)
+    assert calls == ["precompile", "start", "stop"]
