@@ -227,7 +227,8 @@ WIDE_MIN_ENTRIES = 2
 
 def pack_wide(params, w: LstmWeights) -> LstmWeights | None:
     """The weights of `params` packed for the persistent kernel's wide tiling (WIDE_BLOCK_H_FACTOR x
-    w's hidden units a program), or None where a program would hold more units than the model has."""
+    w's hidden units a program), or None where one program of `w` already holds every unit (its
+    block_h, a power of two, at least the hidden size rounded up to one)."""
     from hft_infer.kernels.lstm import prepare_lstm_weights
 
     block_h = WIDE_BLOCK_H_FACTOR * w.block_h
