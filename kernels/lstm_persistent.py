@@ -227,15 +227,13 @@ WIDE_MIN_ENTRIES = 2
 
 def pack_wide(params, w: LstmWeights) -> LstmWeights | None:
     """The weights of `params` packed for the persistent kernel's wide tiling (WIDE_BLOCK_H_FACTOR x
-    w's hidden units a program), or None where one program of `w` already holds every unit (its
-    block_h, a power of two, at least the hidden size rounded up to one)."""
+    w's hidden units a program), or None where one program of `w` already holds every unit."""
     from hft_infer.kernels.lstm import prepare_lstm_weights
 
-    block_h = WIDE_BLOCK_H_FACTOR * w.block_h
-    if block_h > triton.next_power_of_2(w.hidden):
+    if w.n_blocks == 1:
         return None
-    return prepare_lstm_weights(params, precision=w.precision, device=w.wh.device, block_h=block_h,
-                                block_k=w.block_k)
+    return prepare_lstm_weights(params, precision=w.precision, device=w.wh.device,
+                                block_h=WIDE_BLOCK_H_FACTOR * w.block_h, block_k=w.block_k)
 
 
 def phase_stamps(layers: int) -> list[str]:
