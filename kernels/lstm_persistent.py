@@ -49,13 +49,14 @@ import torch
 import triton
 import triton.language as tl
 
-from hft_infer.kernels.common import OUT_COLS, dot_flags, interpreting
+from hft_infer.kernels.common import OUT_COLS, _cell, _features, dot_flags, interpreting
 from hft_infer.kernels.lstm import (
     PREFETCH_MAX_PERSISTENT,
     LstmWeights,
     _lstm_copy_h,
     _lstm_head,
     _lstm_layer,
+    _split_gates,
     prefetch_plan,
 )
 from hft_infer.kernels.persistent import (
@@ -64,6 +65,7 @@ from hft_infer.kernels.persistent import (
     NUM_STAGES,
     RESET_C as _RESET,
     STEP_C as _STEP,
+    SYNC_LINES,
     PersistentKernel,
     ProgramBudgetError,
     RequestRing,
@@ -103,7 +105,74 @@ def _lstm_zero_slots(j, ms, n_ms, n, slots_ptr, h_ptr, c_ptr, held_ptr, lead,
 
 
 @triton.jit
-def _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+def _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr,
+                KP: tl.constexpr, BH: tl.constexpr, EB: tl.constexpr):
+    """The old state of the windows entries 0..n-1 (n <= EB) complete in this request, every layer's
+    at once (nobody writes it during the emitted pass): h [EB, KP] and this program's units of c
+    [EB, BH], a tuple of L each."""
+    b = tl.arange(0, EB)
+    bmask = b < n
+    k = tl.arange(0, KP)
+    unit = j * BH + tl.arange(0, BH)
+    slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=True).to(tl.int64)
+    t = tl.load(pos_ptr + b, mask=bmask, other=0, volatile=True).to(tl.int64)
+    e = (((t + 1) % W) + W) % W  # the window this request completes (_tile_rows' `keep` is False there)
+    hs = ()
+    cs = ()
+    for ph in tl.static_range(0, L):
+        srow = slot * (L * W) + ph * W + e
+        hs = hs + (tl.load(h_ptr + srow[:, None] * H + k[None, :], mask=bmask[:, None] & (k < H)[None, :],
+                           other=0.0, volatile=True),)
+        cs = cs + (tl.load(c_ptr + srow[:, None] * H + unit[None, :], mask=bmask[:, None] & (unit < H)[None, :],
+                           other=0.0, volatile=True),)
+    return hs, cs
+
+
+@triton.jit
+def _emit_layer(layer: tl.constexpr, j, n, h_old, c_old, rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
+                bias_ptr, emit_ptr, F: tl.constexpr, H: tl.constexpr, F_PAD: tl.constexpr, KH: tl.constexpr,
+                KP: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, EB: tl.constexpr):
+    """Layer `layer` of this program's units for the completed windows of entries 0..n-1 only: one
+    row each, as broadcast products reduced over K in registers (a tl.dot needs 16 rows), new h to
+    emit_ptr [L, n, H]. The state is not written: the full pass after the answer recomputes these
+    rows with the others and restarts the windows there."""
+    G4: tl.constexpr = 4 * BH
+    g4 = tl.arange(0, G4)
+    b = tl.arange(0, EB)
+    bmask = b < n
+    k = tl.arange(0, KP)
+    kmask = k < H
+    unit = j * BH + tl.arange(0, BH)
+    if layer == 0:
+        f = tl.arange(0, F_PAD)
+        fmask = f < F
+        rp = rows_ptr + b.to(tl.int64) * F
+        xm = bmask[:, None] & fmask[None, :]
+        raw = tl.load(rp[:, None] + f[None, :], mask=xm, other=0.0, volatile=True)
+        bid0 = tl.load(rp, mask=bmask, other=0.0, volatile=True)
+        ask0 = tl.load(rp + 2, mask=bmask, other=0.0, volatile=True)
+        mean = tl.load(mean_ptr + f, mask=fmask, other=0.0)
+        istd = tl.load(istd_ptr + f, mask=fmask, other=0.0)
+        x = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :], xm)
+        wx = tl.load(wx0_ptr + (j * F_PAD + f[:, None]) * G4 + g4[None, :]).to(tl.float32)
+    else:
+        # the layer below's new h of these rows, written by every emitting program (L2)
+        x = tl.load(emit_ptr + (((layer - 1) * n + b).to(tl.int64) * H)[:, None] + k[None, :],
+                    mask=bmask[:, None] & kmask[None, :], other=0.0, volatile=True)
+        wx = tl.load(wx_ptr + ((layer - 1) * NB + j) * KH * G4 + k[:, None] * G4 + g4[None, :],
+                     mask=kmask[:, None], other=0.0).to(tl.float32)
+    wh = tl.load(wh_ptr + (layer * NB + j) * KH * G4 + k[:, None] * G4 + g4[None, :], mask=kmask[:, None],
+                 other=0.0).to(tl.float32)
+    acc = tl.sum(x[:, :, None] * wx[None, :, :], axis=1) + tl.sum(h_old[:, :, None] * wh[None, :, :], axis=1)
+    acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
+    gi, gf, gg, go = _split_gates(acc, EB, BH)
+    h_new, _ = _cell(gi, gf, gg, go, c_old)
+    tl.store(emit_ptr + (((layer * n + b).to(tl.int64)) * H)[:, None] + unit[None, :], h_new,
+             mask=bmask[:, None] & (unit < H)[None, :])
+
+
+@triton.jit
+def _step_layers(j, ms, n_ms, n, r, stamp, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                  wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr, time_ptr,
                  F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
                  KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr,
@@ -112,14 +181,15 @@ def _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, 
                  TSLOTS: tl.constexpr, NST: tl.constexpr, PHASES: tl.constexpr):
     """A step's layers in one tiling (program (j, ms) of NB x n_ms, BH units by BLOCK_M rows, the
     weights packed for BH): each layer, then its barrier, with the copy of the layer below's new h
-    overlapping the barrier; the top layer's copy is the caller's (after the head)."""
+    overlapping the barrier; the top layer's copy is the caller's (after the head). `stamp`: the
+    lead of a phases build stamps the layers (not where the emitted pass answered: it stamped)."""
     for ph in tl.static_range(0, L):
         _lstm_layer(ph, j, ms, n_ms, n, rows_ptr, 1, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                     wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr,
                     F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, False, True,
                     PREC, BF16, UPCAST, BOTH, GROUP)
         if PHASES:
-            if lead:
+            if stamp:
                 _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
         _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + ph))
         if ph > 0:
@@ -128,7 +198,7 @@ def _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, 
                          H, W, L, BH, BLOCK_M, WINDOW, True)
         _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + ph), target)
         if PHASES:
-            if lead:
+            if stamp:
                 _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
 
 
@@ -136,7 +206,7 @@ def _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, 
 def _lstm_persistent_kernel(
     hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_h_ptr, ctrl_ptr, time_ptr, sync_ptr,
     mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, wx0w_ptr, wxw_ptr, whw_ptr, biasw_ptr, hw_ptr, hb_ptr,
-    h_ptr, c_ptr, scratch_ptr, xp_ptr, thr_ptr, held_ptr,
+    h_ptr, c_ptr, scratch_ptr, xp_ptr, thr_ptr, held_ptr, emit_ptr,
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
@@ -144,7 +214,7 @@ def _lstm_persistent_kernel(
     TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
     NST: tl.constexpr, PHASES: tl.constexpr,
     WIDE_ROWS: tl.constexpr, BH_W: tl.constexpr, NB_W: tl.constexpr, BLOCK_M_W: tl.constexpr,
-    BOTH_W: tl.constexpr, GROUP_W: tl.constexpr,
+    BOTH_W: tl.constexpr, GROUP_W: tl.constexpr, EB: tl.constexpr, KP: tl.constexpr,
 ):
     j = tl.program_id(0)
     ms = tl.program_id(1)
@@ -158,6 +228,7 @@ def _lstm_persistent_kernel(
     n_ms_w = nprog // NB_W
     r = tl.load(sync_ptr + _LINE * _CNT_DONE, volatile=True) * 0  # int64 zero: requests served
     nstep = r  # steps served (the phase counters count steps only)
+    nemit = r  # steps answered from the emitted pass (its counters count those only)
     running = 1
     while running == 1:
         if lead:
@@ -175,20 +246,51 @@ def _lstm_persistent_kernel(
         slots_ptr, pos_ptr, rows_ptr = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
         if kind == _STEP:
             target = nprog * (nstep + 1)
+            emitted = n < 0  # False: a request of at most EB entries is answered from the emitted pass
+            if EB > 0:
+                emitted = n <= EB
+                if emitted:
+                    # the completed windows first, on the NB programs of row group 0 (every hidden block
+                    # once), one barrier a layer among them; the others wait for its end, since the
+                    # full pass below rewrites the state this pass reads
+                    last = sync_ptr + _LINE * (_CNT_DONE + 2 * L)
+                    if ms == 0:
+                        hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
+                        for ph in tl.static_range(0, L):
+                            _emit_layer(ph, j, n, hs[ph], cs[ph], rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr,
+                                        wh_ptr, bias_ptr, emit_ptr, F, H, F_PAD, KH, KP, BH, NB, EB)
+                            if PHASES:
+                                if lead:
+                                    _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
+                            _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph))
+                            _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph), NB * (nemit + 1))
+                            if PHASES:
+                                if lead:
+                                    _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
+                    else:
+                        _wait_count(last, NB * (nemit + 1))
+                    if lead:
+                        o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
+                        _lstm_head(0, 1, n, slots_ptr, pos_ptr, emit_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
+                                   H, W, L, KH, BLOCK_K, False, HB, OUT_C, True)
+                        _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
+                        _release_done(ctrl_ptr, r + 1)
+                    nemit += 1
+            stamp = lead & (emitted == 0)  # the phase stamps are the emitted pass's where it ran
             wide = False
             if WIDE_ROWS > 0:  # a request of WIDE_ROWS rows or more: the wide tiling (n is broadcast: all agree)
                 wide = n * W >= WIDE_ROWS
             if wide:
-                _step_layers(j_w, ms_w, n_ms_w, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                _step_layers(j_w, ms_w, n_ms_w, n, r, stamp, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                              wx0w_ptr, wxw_ptr, whw_ptr, biasw_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr,
                              time_ptr, F, H, W, L, F_PAD, KH, BLOCK_K, BH_W, NB_W, BLOCK_M_W, WINDOW, PREC, BF16,
                              UPCAST, BOTH_W, GROUP_W, TIMING, TSLOTS, NST, PHASES)
             else:
-                _step_layers(j, ms, n_ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
+                _step_layers(j, ms, n_ms, n, r, stamp, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                              wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr,
                              time_ptr, F, H, W, L, F_PAD, KH, BLOCK_K, BH, NB, BLOCK_M, WINDOW, PREC, BF16,
                              UPCAST, BOTH, GROUP, TIMING, TSLOTS, NST, PHASES)
-            if lead:
+            if stamp:  # the lead, unless the emitted pass answered
                 o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
                 _lstm_head(0, 1, n, slots_ptr, pos_ptr, scratch_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
                            H, W, L, KH, BLOCK_K, WINDOW, HB, OUT_C, True)
@@ -223,6 +325,12 @@ def _lstm_persistent_kernel(
 WIDE_BLOCK_H_FACTOR = 2
 WIDE_BLOCK_M = 32
 WIDE_MIN_ENTRIES = 2
+# The emitted pass (window mode): a request of at most EMIT_ENTRIES entries is answered from the
+# windows it completes alone -- one row an entry a layer on one row group's programs -- before the
+# full pass over every open window (docs/notes/kernels.md, "The emitted pass"). A power of two; 0: off.
+EMIT_ENTRIES = 2
+# its products hold [EMIT_ENTRIES, K, 4 * block_h] in registers: up to this K (hidden size, padded)
+EMIT_MAX_K = 256
 
 
 def pack_wide(params, w: LstmWeights) -> LstmWeights | None:
@@ -264,7 +372,7 @@ class LstmPersistent(PersistentKernel):
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
                  block_m: int | None = None, num_warps: int = 4, timing: bool = False,
                  phases: bool = False, wide: LstmWeights | None = None, wide_block_m: int = WIDE_BLOCK_M,
-                 wide_min_entries: int = WIDE_MIN_ENTRIES) -> None:
+                 wide_min_entries: int = WIDE_MIN_ENTRIES, emit_entries: int = EMIT_ENTRIES) -> None:
         dev = w.wh.device
         # phases (with timing): the lead program also stamps the broadcast, each layer's end and
         # each layer barrier's, and the last program the broadcast's arrival (`phase_stamps`); a
@@ -311,6 +419,10 @@ class LstmPersistent(PersistentKernel):
         # each program's private x-projection rows: max_batch x 4 units of its widest tiling
         widest = max(w.block_h, self.wide.block_h if self.wide is not None else 0)
         self.xp = torch.zeros(self.programs * max_batch * 4 * widest, **f32)
+        # the emitted pass (window mode): requests of at most emit_entries entries are answered from
+        # the windows they complete before the full pass; its new h per layer and entry [L, n, H]
+        self.emit_entries, self.emit_reason = self._emit_pass(emit_entries)
+        self.emit_h = torch.zeros(w.layers * max(1, self.emit_entries) * w.hidden, **f32)
 
     def _wide_tiling(self, wide: LstmWeights | None, block_m: int) -> tuple[LstmWeights | None, str]:
         """`wide` if this kernel can take it as its second tiling, else None; and why not."""
@@ -329,6 +441,20 @@ class LstmPersistent(PersistentKernel):
             raise ValueError(f"wide_block_m must be a power of two >= 16, got {block_m}")
         return wide, "in use"
 
+    def _emit_pass(self, entries: int) -> tuple[int, str]:
+        """The emitted pass's entry limit for this kernel (0: off), and why."""
+        if entries < 0 or entries & (entries - 1):
+            raise ValueError(f"emit_entries must be 0 or a power of two, got {entries}")
+        if entries == 0:
+            return 0, "off (emit_entries 0)"
+        if not self.window_mode:
+            return 0, "stream mode (one row an entry: nothing to put first)"
+        if 2 + 2 * self.w.layers > SYNC_LINES:
+            return 0, f"{self.w.layers} layers: the sync block has no line for each emitted barrier"
+        if triton.next_power_of_2(self.w.kh) > EMIT_MAX_K:
+            return 0, f"hidden {self.w.hidden}: its products would not fit in registers (K <= {EMIT_MAX_K})"
+        return min(entries, self.ring.max_batch), "in use"
+
     @property
     def programs(self) -> int:
         return self.w.n_blocks * self.split
@@ -342,7 +468,7 @@ class LstmPersistent(PersistentKernel):
         return (_lstm_persistent_kernel, (w.n_blocks, self.split),
                 (*self.ring_args(), self.times, self.sync,
                  w.mean, w.inv_std, w.wx0, w.wx, w.wh, w.bias, ww.wx0, ww.wx, ww.wh, ww.bias, w.head_w, w.head_b,
-                 self.h, self.c, self.scratch, self.xp, self.thresholds, self.held),
+                 self.h, self.c, self.scratch, self.xp, self.thresholds, self.held, self.emit_h),
                 dict(F=w.features, H=w.hidden, W=self.states, L=w.layers, F_PAD=w.f_pad, KH=w.kh,
                      BLOCK_K=w.block_k, BH=w.block_h, NB=w.n_blocks, BLOCK_M=self.block_m,
                      WINDOW=self.window_mode, **self.ring_consts(),
@@ -351,6 +477,7 @@ class LstmPersistent(PersistentKernel):
                      **prefetch_plan(w, self.block_m, budget),
                      WIDE_ROWS=self.wide_rows, BH_W=ww.block_h, NB_W=ww.n_blocks, BLOCK_M_W=self.wide_block_m,
                      BOTH_W=wide_plan["BOTH"], GROUP_W=wide_plan["GROUP"],
+                     EB=self.emit_entries, KP=triton.next_power_of_2(w.kh),
                      num_warps=self.num_warps, num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:

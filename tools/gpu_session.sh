@@ -163,7 +163,10 @@
 #                                          # tests, then tools/sweep_persistent_geometry.py (~500 s); wave41b:
 #                                          # the landing tests, then the sweep (~420 s); wave41d: the
 #                                          # landing and persistent kernel tests, the tilings swept, the
-#                                          # engine rows against BASE_TGZ's (~560 s)
+#                                          # engine rows against BASE_TGZ's (~560 s); wave42: the emitted
+#                                          # pass swept on and off (lstm_a, lstm_b, batches 1-8), then the
+#                                          # landing and persistent kernel tests (~500 s); wave42b: the engine
+#                                          # rows against BASE_TGZ's, twice (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1941,6 +1944,21 @@ elif [ "$phase" = wave41d ]; then
   engines_pair 1 lstm_a/window,lstm_b/window 120 1,8,64  # 75 s ran out before lstm_b (both tilings compile longer)
   summarize
   verbatim gpu_tests sweep_tilings engines_new1 engines_base1
+elif [ "$phase" = wave42 ]; then
+  # issue 13's emitted pass: the kernel-level sweep with it (emit<=2) and without (0), lstm_a and lstm_b at
+  # batches 1-8 (phase stamps), then the landing tests with the persistent kernel tests (both passes against float64)
+  step sweep_emit 200 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 500 --models lstm_a,lstm_b \
+       --batches 1,2,4,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  summarize
+  verbatim sweep_emit gpu_tests
+elif [ "$phase" = wave42b ]; then
+  # the emitted pass through the runner: bench_engines' lstm_a / lstm_b rows, this tree then BASE_TGZ's, twice
+  setup_base
+  engines_pair 1 lstm_a/window,lstm_b/window 120 1,2,8,64
+  engines_pair 2 lstm_a/window,lstm_b/window 120 1,2,8,64
+  summarize
+  verbatim engines_new1 engines_base1 engines_new2 engines_base2
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize

@@ -6,12 +6,13 @@ small request's device time goes, and whether another tiling or grid serves it f
 tools/bench_kernels.py does (its Setup and Driver), rows already in the pinned host ring.
 
     python3 tools/sweep_persistent_geometry.py [--models lstm_a] [--batches 1,8]
-        [--geometries 4/0/4/0,8/0/4/0,4/64/4/0] [--steps 1000] [--cpu CORE] [--json PATH]
+        [--geometries 4/0/4/0,8/0/4/0,4/64/4/0] [--emit 0,2] [--steps 1000] [--cpu CORE] [--json PATH]
 
 GEOMETRY = block_h/block_m/num_warps/max_programs[/wide_block_m], 0 for the kernel's own choice
 (block_h 4, block_m by its batch-1 rule, 4 warps, every SM); a fifth field adds the wide tiling the
 engine builds (`pack_wide`: twice the hidden units a program) with tiles of that many rows, which
-requests of WIDE_MIN_ENTRIES windows or more take (0 or absent: the one tiling). Per variant: the
+requests of WIDE_MIN_ENTRIES windows or more take (0 or absent: the one tiling); --emit crosses each
+with the emitted pass's entry limits (`LstmPersistent(emit_entries=...)`, 0: off). Per variant: the
 weights packed for its block_h, the kernel built with phase stamps (`LstmPersistent(phases=True)`, a
 diagnostic build; the kernels compile first, in parallel child processes), FILL_STEPS steps of every
 slot, the error against float64 at each batch, then --steps requests of each batch one at a time.
@@ -44,6 +45,9 @@ def parse_args(argv=None):
     ap.add_argument("--geometries", default="0/0/0/0,0/0/0/0/32,8/0/4/0,4/32/4/0,8/64/4/0",
                     help="block_h/block_m/num_warps/max_programs[/wide_block_m], comma-separated (0: the "
                          "kernel's choice; no fifth field: one tiling)")
+    ap.add_argument("--emit", default="",
+                    help="emitted-pass entry limits to cross with every geometry, comma-separated (0: off; "
+                         "default: the kernel's own, EMIT_ENTRIES)")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--cpu", type=int, default=None, help="pin this process to a core")
@@ -59,13 +63,22 @@ def parse_args(argv=None):
     bad = [m for m in a.models if m not in MODELS] + [g for g in a.geometries if len(g) != 5 or min(g) < 0]
     if bad:
         ap.error(f"unknown model (of {', '.join(MODELS)}) or malformed geometry: {bad}")
+    try:
+        emits = [int(e) for e in a.emit.split(",") if e.strip()]
+    except ValueError:
+        ap.error(f"--emit: integers, got {a.emit!r}")
+    if any(e < 0 or e & (e - 1) for e in emits):
+        ap.error(f"--emit: 0 or powers of two, got {a.emit!r}")
+    if emits:  # a sixth field: the emitted pass's entry limit
+        a.geometries = [(*g, e) for g in a.geometries for e in emits]
     return a
 
 
 def geometry_label(geo: tuple[int, ...]) -> str:
     names = ("bh", "bm", "warps", "progs")
     label = " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
-    return label + (f" + wide bm={geo[4]}" if len(geo) > 4 and geo[4] else "")
+    label += f" + wide bm={geo[4]}" if len(geo) > 4 and geo[4] else ""
+    return label + (f" emit<={geo[5]}" if len(geo) > 5 else "")
 
 
 def phase_medians(stamps: np.ndarray, layers: int) -> dict[str, float]:
@@ -91,7 +104,8 @@ def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     from hft_infer.kernels.lstm import prepare_lstm_weights
     from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
 
-    block_h, block_m, warps, programs, wide_block_m = geo
+    block_h, block_m, warps, programs, wide_block_m = geo[:5]
+    emit = dict(emit_entries=geo[5]) if len(geo) > 5 else {}
     st = Setup(name, precision, dev)
     if block_h and block_h != st.w.block_h:
         st.w = prepare_lstm_weights(st.params, precision=precision, device=dev, block_h=block_h)
@@ -101,7 +115,7 @@ def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     def persistent(ring, max_programs=None, timing=True):
         return LstmPersistent(st.w, ring, N_INST + 1, st.thr, st.held, window=st.window,
                               max_programs=programs or None, block_m=block_m or None, num_warps=warps or 4,
-                              timing=True, phases=phases, **wide)
+                              timing=True, phases=phases, **wide, **emit)
 
     st.persistent = persistent
     return st
@@ -152,6 +166,7 @@ def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
         stamps = d.kernel.device_stamps_ns(s0, s0 + args.steps - 1)
         row = {"model": name, "batch": b, "geometry": geometry_label(geo), "phases": phases,
                "programs": d.kernel.programs, "block_m": d.kernel.block_m, "wide": d.kernel.wide_reason,
+               "emit": d.kernel.emit_reason,
                "host_us": pct(ns),
                "device_us": float(np.median(stamps[:, 1] - stamps[:, 0])) / 1e3, "err_vs_f64": errs[b]}
         if phases:
