@@ -1,6 +1,7 @@
 """The host side of the persistent LSTM kernel (kernels/lstm_persistent.py) and of
 tools/sweep_persistent_geometry.py: the phase stamps' layout a request's row holds and the phases
-worked out of it, the wide tiling's conditions and buffers, the sweep's geometry option, the timed
+worked out of it, the wide tiling's and the emitted pass's conditions and buffers, the sweep's geometry
+and emit options, the timed
 run the sweep shares with tools/bench_kernels.py. (The
 kernel's stores and both tilings run on a GPU only: tests/kernels/test_kernel_persistent.py's GPU
 cases, `lstm_a-window-fp32-phases` among them.)"""
@@ -15,6 +16,7 @@ from kernel_compile import cpu_kernel_step
 
 from hft_infer.kernels.lstm import prepare_lstm_weights
 from hft_infer.kernels.lstm_persistent import (
+    EMIT_ENTRIES,
     WIDE_BLOCK_H_FACTOR,
     WIDE_BLOCK_M,
     WIDE_MIN_ENTRIES,
@@ -101,6 +103,14 @@ def test_geometry_option_is_checked(capsys):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
     assert "geometry" in capsys.readouterr().err
+    # --emit crosses every geometry with the emitted pass's limits (a sixth field)
+    a = sweep.parse_args(["--geometries", "4/0/4/0,0/0/0/0/32", "--emit", "2,0"])
+    assert a.geometries == [(4, 0, 4, 0, 0, 2), (4, 0, 4, 0, 0, 0), (0, 0, 0, 0, 32, 2), (0, 0, 0, 0, 32, 0)]
+    assert sweep.geometry_label((0, 0, 0, 0, 32, 2)).endswith("+ wide bm=32 emit<=2")
+    for bad in (["--emit", "3"], ["--emit", "x"], ["--emit", "-2"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
+    assert "--emit" in capsys.readouterr().err
 
 
 def test_the_engine_builds_lstm_windows_with_the_wide_tiling(compiled_mode):
@@ -141,6 +151,32 @@ def test_wide_weights_of_another_model_are_refused(compiled_mode):
         _kernel(wide=pack_wide(other._params, other.w))
     with pytest.raises(ValueError, match="wide_block_m"):
         _kernel(wide_block_m=24)
+
+
+def test_the_engine_answers_small_window_requests_from_the_emitted_pass(compiled_mode):
+    k = _kernel()
+    assert EMIT_ENTRIES and k.emit_entries == EMIT_ENTRIES and k.emit_reason == "in use"
+    spec = k._launch_spec()[3]
+    assert spec["EB"] == EMIT_ENTRIES and spec["KP"] == 128  # lstm_a: K = 128 in registers
+    # its new h per layer and entry [L, n, H], n <= EB
+    assert k.emit_h.numel() == k.w.layers * EMIT_ENTRIES * k.w.hidden
+    assert _kernel(emit_entries=8).emit_entries == 8  # up to the ring's batch (8 here) ...
+    assert _kernel(emit_entries=16).emit_entries == 8  # ... and no further
+
+
+def test_no_emitted_pass_where_it_cannot_serve(compiled_mode):
+    off = _kernel(emit_entries=0)
+    assert off.emit_entries == 0 and off.emit_reason.startswith("off") and off._launch_spec()[3]["EB"] == 0
+    assert off.emit_h.numel() == off.w.layers * off.w.hidden  # a placeholder the kernel never reads
+    stream = _kernel(case="lstm_a/stream", wide=None)
+    assert stream.emit_entries == 0 and "stream mode" in stream.emit_reason
+    wide_k = cpu_kernel_step("lstm_c", 8)  # hidden 1280: [2, 2048, 16] products would not fit in registers
+    ring = PersistentEngine.request_ring(wide_k, max_batch=8, max_inflight=2)
+    big = LstmPersistent(wide_k.w, ring, 9, wide_k.thresholds, wide_k.held, window=50, max_programs=4096)
+    assert big.emit_entries == 0 and "registers" in big.emit_reason
+    for bad in (-1, 3, 6):
+        with pytest.raises(ValueError, match="emit_entries"):
+            _kernel(emit_entries=bad)
 
 
 def test_timed_run_checks_then_times_each_batch_and_always_stops_the_kernel():
