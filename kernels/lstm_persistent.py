@@ -41,6 +41,17 @@ programs anew (pid = ms * NB + j as j' = pid % NB', ms' = pid // NB') and runs i
 tiling; the barriers, the state, the exchange and the head are the same in both. Both paths are
 compiled into the one kernel (255 registers where one path took 128; measured in BENCHMARKS.md
 wave 41). Stream mode keeps one tiling (not measured).
+
+The emitted pass (window mode, `emit_entries`, EMIT_ENTRIES): a request's answer needs only the
+windows it completes -- one row an entry -- yet the full pass computes all W open windows of each
+entry, by 16-row tiles on every program, before the head. So a request of at most EMIT_ENTRIES
+entries is answered first from those rows alone, on the NB programs of row group 0 (each hidden
+block once): each layer's row as products reduced in registers, then a barrier among those NB
+programs (its own counters), the lead's head from that pass's h (`emit_h`), done released. Then
+every program runs the full pass as before, which recomputes those rows with the others (its
+results for them are discarded: the windows restart at zero) and writes the state; the other
+programs wait for the emitted pass's last barrier first, since the full pass rewrites the state it
+reads. The answer no longer waits for the full pass; the next request still does.
 """
 
 from __future__ import annotations
