@@ -165,7 +165,7 @@
 #                                          # landing and persistent kernel tests, the tilings swept, the
 #                                          # engine rows against BASE_TGZ's (~560 s); wave42: the emitted
 #                                          # pass swept on and off (lstm_a, lstm_b, batches 1, 2, 8), then the
-#                                          # landing and persistent kernel tests (~500 s); wave42b: the engine
+#                                          # landing and persistent kernel tests, the engine rows (~500 s); wave42b: the engine
 #                                          # rows against BASE_TGZ's, twice (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
@@ -1950,8 +1950,10 @@ elif [ "$phase" = wave42 ]; then
   step sweep_emit 170 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 500 --models lstm_a,lstm_b \
        --batches 1,2,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
   gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step engines_emit 100 taskset -c 2 $PY tools/bench_engines.py --quick --engines graph,persistent \
+       --models lstm_a/window,lstm_b/window --batches 1,2,8 --json "$WORK/engines_emit.json"
   summarize
-  verbatim sweep_emit gpu_tests
+  verbatim sweep_emit gpu_tests engines_emit
 elif [ "$phase" = wave42b ]; then
   # the emitted pass through the runner: bench_engines' lstm_a / lstm_b rows, this tree then BASE_TGZ's, twice
   setup_base
