@@ -1957,6 +1957,12 @@ elif [ "$phase" = wave42 ]; then
        --batches 1,2,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit_b.json"
   summarize
   verbatim sweep_emit gpu_tests engines_emit sweep_emit_b
+elif [ "$phase" = wave42c ]; then  # wave42 in ~320 s (the device time left): lstm_a's sweep, then the tests
+  step sweep_emit 90 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+       --batches 1,2,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
+  GPU_TESTS_MIN_S=200 gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  summarize
+  verbatim sweep_emit gpu_tests
 elif [ "$phase" = wave42b ]; then
   # the emitted pass through the runner: bench_engines' lstm_a / lstm_b rows, this tree then BASE_TGZ's, twice
   setup_base
