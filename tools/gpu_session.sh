@@ -1963,6 +1963,12 @@ elif [ "$phase" = wave42c ]; then  # wave42 in ~320 s (the device time left): ls
   GPU_TESTS_MIN_S=200 gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   summarize
   verbatim sweep_emit gpu_tests
+elif [ "$phase" = wave42d ]; then  # wave42c in ~260 s: lstm_a's sweep at 1 and 2, then the tests, the kernel's first
+  step sweep_emit 70 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 200 --models lstm_a \
+       --batches 1,2 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
+  gpu_tests 300 tests/kernels/test_kernel_persistent.py "${LANDING_TESTS[@]}"
+  summarize
+  verbatim sweep_emit gpu_tests
 elif [ "$phase" = wave42b ]; then
   # the emitted pass through the runner: bench_engines' lstm_a / lstm_b rows, this tree then BASE_TGZ's, twice
   setup_base
