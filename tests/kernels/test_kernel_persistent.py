@@ -6,7 +6,8 @@ the stop flag before start(): the kernel serves them in order and exits; the mod
 state carries over to the next round. Every round: outputs poisoned with NaN, fresh
 random rows written into the host ring at (slot, position) and gathered into the
 request's payload by the service's `RowGather`, batches 1..max with padding-sink
-entries (negative positions too), a RESET between steps, slots outside the round
+entries (negative positions too; in window mode a batch of one and its sink entry is
+answered by the emitted pass), a RESET between steps, slots outside the round
 checked untouched. CUDA (marked gpu): the real presets at batch
 1/8/64 with three requests in flight, in a child process with a timeout (a hung
 persistent kernel must not hang the run).
@@ -255,6 +256,8 @@ def test_persistent_matches_references(case: Case):
     model = Model(case, dev, gen, max_batch=case.max_batch, n_requests=4)  # a round's requests: at most R - 1
     if case.wide_block_h:  # the case is about the second tiling: it must be in use, not silently left out
         assert model.kernel.wide_reason == "in use" and model.kernel.wide_rows == 2 * case.window
+    if case.family == "window":  # requests of one instrument and the sink (2 entries) take the emitted pass
+        assert model.kernel.emit_reason == "in use" and model.kernel.emit_entries == 2
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
