@@ -165,8 +165,9 @@
 #                                          # landing and persistent kernel tests, the tilings swept, the
 #                                          # engine rows against BASE_TGZ's (~560 s); wave42: the emitted
 #                                          # pass swept on and off (lstm_a, lstm_b, batches 1, 2, 8), then the
-#                                          # landing and persistent kernel tests, the engine rows (~500 s); wave42b: the engine
-#                                          # rows against BASE_TGZ's, twice (~500 s)
+#                                          # landing and persistent kernel tests, the engine rows (~500 s); wave42d:
+#                                          # lstm_a's sweep at 1 and 2, then the tests (~260 s: what ran at eb97ec8);
+#                                          # wave42b: the engine rows against BASE_TGZ's, twice (~500 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1957,13 +1958,7 @@ elif [ "$phase" = wave42 ]; then
        --batches 1,2,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit_b.json"
   summarize
   verbatim sweep_emit gpu_tests engines_emit sweep_emit_b
-elif [ "$phase" = wave42c ]; then  # wave42 in ~320 s (the device time left): lstm_a's sweep, then the tests
-  step sweep_emit 90 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
-       --batches 1,2,8 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
-  GPU_TESTS_MIN_S=200 gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
-  summarize
-  verbatim sweep_emit gpu_tests
-elif [ "$phase" = wave42d ]; then  # wave42c in ~260 s: lstm_a's sweep at 1 and 2, then the tests, the kernel's first
+elif [ "$phase" = wave42d ]; then  # wave42 in ~260 s: lstm_a's sweep at 1 and 2, then the tests, the kernel's first
   step sweep_emit 70 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 200 --models lstm_a \
        --batches 1,2 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
   gpu_tests 300 tests/kernels/test_kernel_persistent.py "${LANDING_TESTS[@]}"
