@@ -264,7 +264,7 @@ def _lstm_persistent_kernel(
                     # the completed windows first, on the NB programs of row group 0 (every hidden block
                     # once), one barrier a layer among them; the others wait for its end, since the
                     # full pass below rewrites the state this pass reads
-                    last = sync_ptr + _LINE * (_CNT_DONE + 2 * L)
+                    last = sync_ptr + _LINE * (_CNT_DONE + 2 * L)  # layer L-1's emit counter (1 + L + k)
                     if ms == 0:
                         hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
                         for ph in tl.static_range(0, L):
@@ -464,7 +464,8 @@ class LstmPersistent(PersistentKernel):
             return 0, f"{self.w.layers} layers: the sync block has no line for each emitted barrier"
         if triton.next_power_of_2(self.w.kh) > EMIT_MAX_K:
             return 0, f"hidden {self.w.hidden}: its products would not fit in registers (K <= {EMIT_MAX_K})"
-        return min(entries, self.ring.max_batch), "in use"
+        # a power of two (its products' entry axis is a tl.arange): at most the ring's batch rounded down to one
+        return min(entries, 1 << (self.ring.max_batch.bit_length() - 1)), "in use"
 
     @property
     def programs(self) -> int:

@@ -162,6 +162,10 @@ def test_the_engine_answers_small_window_requests_from_the_emitted_pass(compiled
     assert k.emit_h.numel() == k.w.layers * EMIT_ENTRIES * k.w.hidden
     assert _kernel(emit_entries=8).emit_entries == 8  # up to the ring's batch (8 here) ...
     assert _kernel(emit_entries=16).emit_entries == 8  # ... and no further
+    kstep = cpu_kernel_step("lstm_a", 6)
+    ring6 = PersistentEngine.request_ring(kstep, max_batch=6, max_inflight=2)
+    six = LstmPersistent(kstep.w, ring6, 9, kstep.thresholds, kstep.held, window=50, max_programs=SMS, emit_entries=8)
+    assert six.emit_entries == 4  # a batch of 6: the largest power of two it holds
 
 
 def test_no_emitted_pass_where_it_cannot_serve(compiled_mode):
