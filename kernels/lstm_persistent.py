@@ -183,6 +183,33 @@ def _emit_layer(layer: tl.constexpr, j, n, h_old, c_old, rows_ptr, mean_ptr, ist
 
 
 @triton.jit
+def _emit_pass(j, ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
+               bias_ptr, h_ptr, c_ptr, emit_ptr, sync_ptr, time_ptr, F: tl.constexpr, H: tl.constexpr,
+               W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr, KH: tl.constexpr, KP: tl.constexpr,
+               BH: tl.constexpr, NB: tl.constexpr, EB: tl.constexpr, TIMING: tl.constexpr, TSLOTS: tl.constexpr,
+               NST: tl.constexpr, PHASES: tl.constexpr):
+    """The completed windows' layers (a request of at most EB entries), on the NB programs of row
+    group 0 (every hidden block once), one barrier a layer among them (counter line CNT_DONE + 1 + L + k,
+    `target` = NB x the emitted passes so far, this one included); the other programs wait for the last
+    one, since the full pass after it rewrites the state this pass reads. The lead's head is the caller's."""
+    if ms == 0:
+        hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
+        for ph in tl.static_range(0, L):
+            _emit_layer(ph, j, n, hs[ph], cs[ph], rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr,
+                        wh_ptr, bias_ptr, emit_ptr, F, H, F_PAD, KH, KP, BH, NB, EB)
+            if PHASES:
+                if lead:
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
+            _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph))
+            _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph), target)
+            if PHASES:
+                if lead:
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
+    else:
+        _wait_count(sync_ptr + _LINE * (_CNT_DONE + 2 * L), target)  # layer L-1's counter
+
+
+@triton.jit
 def _step_layers(j, ms, n_ms, n, r, stamp, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr,
                  wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, scratch_ptr, xp_ptr, sync_ptr, time_ptr,
                  F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
@@ -261,25 +288,9 @@ def _lstm_persistent_kernel(
             if EB > 0:
                 emitted = n <= EB
                 if emitted:
-                    # the completed windows first, on the NB programs of row group 0 (every hidden block
-                    # once), one barrier a layer among them; the others wait for its end, since the
-                    # full pass below rewrites the state this pass reads
-                    last = sync_ptr + _LINE * (_CNT_DONE + 2 * L)  # layer L-1's emit counter (1 + L + k)
-                    if ms == 0:
-                        hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
-                        for ph in tl.static_range(0, L):
-                            _emit_layer(ph, j, n, hs[ph], cs[ph], rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr,
-                                        wh_ptr, bias_ptr, emit_ptr, F, H, F_PAD, KH, KP, BH, NB, EB)
-                            if PHASES:
-                                if lead:
-                                    _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
-                            _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph))
-                            _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph), NB * (nemit + 1))
-                            if PHASES:
-                                if lead:
-                                    _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
-                    else:
-                        _wait_count(last, NB * (nemit + 1))
+                    _emit_pass(j, ms, n, r, lead, NB * (nemit + 1), rows_ptr, slots_ptr, pos_ptr, mean_ptr,
+                               istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, emit_ptr, sync_ptr,
+                               time_ptr, F, H, W, L, F_PAD, KH, KP, BH, NB, EB, TIMING, TSLOTS, NST, PHASES)
                     if lead:
                         o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
                         _lstm_head(0, 1, n, slots_ptr, pos_ptr, emit_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
