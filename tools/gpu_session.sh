@@ -167,7 +167,9 @@
 #                                          # pass swept on and off (lstm_a, lstm_b, batches 1, 2, 8), then the
 #                                          # landing and persistent kernel tests, the engine rows (~500 s); wave42d:
 #                                          # lstm_a's sweep at 1 and 2, then the tests (~260 s: what ran at eb97ec8);
-#                                          # wave42b: the engine rows against BASE_TGZ's, twice (~500 s)
+#                                          # wave42b: the engine rows against BASE_TGZ's, twice (~500 s);
+#                                          # wave43: the landing and persistent kernel tests, then lstm_a's
+#                                          # engine rows at 1, 2, 64 against BASE_TGZ's once (~480 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1971,6 +1973,13 @@ elif [ "$phase" = wave42b ]; then
   engines_pair 2 lstm_a/window,lstm_b/window 120 1,2,8,64
   summarize
   verbatim engines_new1 engines_base1 engines_new2 engines_base2
+elif [ "$phase" = wave43 ]; then
+  # landing next/review-wave42: its GPU tests, then the emitted pass through the runner (lstm_a) against BASE_TGZ's
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  setup_base
+  engines_pair 1 lstm_a/window 90 1,2,64
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
