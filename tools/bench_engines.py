@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """One model step as the hot loop sees it, through the engines the service runs (needs CUDA).
 
-    python tools/bench_engines.py [--steps 3000] [--json out.json] [--quick]
+    python tools/bench_engines.py [--steps 3000] [--json out.json] [--quick] [--gaps 0,40]
 
 Each engine is built by `hft_infer.runner.select.build_runtime` from a config,
 exactly as `serve` builds it (pinned host feature ring, warm-up, capture or
 kernel start). A step is: write the batch's slots/positions into the engine's
 request buffer, `submit`, spin on `poll`, `collect` -- host-observed, timed
-with perf_counter_ns. Rows are random positive books already in the ring.
+with perf_counter_ns. Rows are random positive books already in the ring. Steps run back to
+back by default; `--gaps 0,40` also times each row with 40 µs idle between steps (rows
+"ENGINE gap40"): a kernel that answers before it has finished a request's work (the persistent
+LSTM's emitted pass) is still busy when the next request comes back to back, so the two figures
+are its throughput-bound and its idle latency.
 
 Each engine is self-checked against the CPU engine first (runner/self_check.py),
 as serve does; one that fails is built again with the check off so that its
@@ -103,10 +107,15 @@ def recheck(eng, rt, preset: str, mode: str, precision: str) -> str:
     return verdict
 
 
-def time_steps(eng, batch: int, steps: int, depth: int) -> np.ndarray:
+def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> np.ndarray:
+    """Host ns of each step (submit -> collect). gap_us > 0: spin that long after each collect
+    before the next submit (untimed), so that a request finds the engine idle -- a persistent
+    kernel that answers before it finishes its work (the emitted pass) is otherwise still busy
+    with the previous request when the next one arrives back to back."""
     out = np.empty(steps, dtype=np.int64)
     slots_all = np.arange(batch) % N_SLOTS
     pos = depth
+    gap_ns = int(gap_us * 1000)
     for i in range(steps + 50):
         slots, positions = eng.request()
         slots[:batch] = slots_all
@@ -117,8 +126,12 @@ def time_steps(eng, batch: int, steps: int, depth: int) -> np.ndarray:
         while not eng.poll():
             pass
         eng.collect()
+        t1 = time.perf_counter_ns()
         if i >= 50:  # warm-up steps left out
-            out[i - 50] = time.perf_counter_ns() - t0
+            out[i - 50] = t1 - t0
+        if gap_ns:
+            while time.perf_counter_ns() - t1 < gap_ns:
+                pass
     return out
 
 
@@ -175,6 +188,9 @@ def main() -> int:
     ap.add_argument("--persistent-warps", default="", metavar="W,...",
                     help="also measure the persistent kernels at these num_warps (each self-checked again "
                          "against the CPU engine; rows 'persistent wN'); the engine's own launch is 4")
+    ap.add_argument("--gaps", default="0", metavar="US,...",
+                    help="idle time between steps, µs (default 0: back to back); each gap > 0 gives rows "
+                         "'ENGINE gapUS' -- the latency of a request that finds the engine idle")
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -182,6 +198,7 @@ def main() -> int:
         return 2
     steps = 500 if a.quick else a.steps
     batches = [int(b) for b in a.batches.split(",")]
+    gaps = [float(g) for g in a.gaps.split(",")]
     models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = [{"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent", "batch": 1}
             | floor(steps, t) for t in ("fenced", "dma", "pinned")]
@@ -207,10 +224,11 @@ def main() -> int:
                     eng.kernel.precompile()
                     eng._head = 0
                     eng.kernel.start()
-                for b in batches:
+                for b, gap in ((b, g) for b in batches for g in gaps):
                     first_seq = eng.ring.seq + 51 if engine == "persistent" else 0
-                    r = {"model": preset, "mode": mode, "engine": label, "batch": b, "reason": eng.reason,
-                         "conflating": rt.conflate, "correct": verdict} | pct(time_steps(eng, b, steps, rt.store.depth))
+                    r = {"model": preset, "mode": mode, "engine": label + (f" gap{gap:g}" if gap else ""),
+                         "batch": b, "gap_us": gap, "reason": eng.reason, "conflating": rt.conflate,
+                         "correct": verdict} | pct(time_steps(eng, b, steps, rt.store.depth, gap))
                     if engine == "persistent":
                         last_seq = eng.ring.seq  # stop() takes one more seq, unstamped
                         eng.kernel.stop()
