@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hft_infer.kernels.common import OUT_COLS, _cell, _features, dot_flags, interpreting
+from hft_infer.kernels.common import OUT_COLS, _cell, _decide_store, _features, dot_flags, interpreting
 from hft_infer.kernels.lstm import (
     PREFETCH_MAX_PERSISTENT,
     LstmWeights,
@@ -76,7 +76,6 @@ from hft_infer.kernels.persistent import (
     NUM_STAGES,
     RESET_C as _RESET,
     STEP_C as _STEP,
-    SYNC_LINES,
     PersistentKernel,
     ProgramBudgetError,
     RequestRing,
@@ -140,13 +139,46 @@ def _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H: tl.constexpr, W: tl.c
 
 
 @triton.jit
-def _emit_layer(layer: tl.constexpr, j, n, h_old, c_old, rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
-                bias_ptr, emit_ptr, F: tl.constexpr, H: tl.constexpr, F_PAD: tl.constexpr, KH: tl.constexpr,
+def _ll_store(ptr, value, mask, tag):
+    """fp32 `value` as tagged words (tag << 32 | its bits): each 8-byte word is written whole, so a
+    reader that sees the tag sees the value -- no fence, no counter (NCCL's low-latency protocol)."""
+    bits = value.to(tl.uint32, bitcast=True).to(tl.int64)
+    tl.store(ptr, bits | (tag << 32), mask=mask)
+
+
+@triton.jit
+def _ll_wait(ptr, mask, tag):
+    """Spin until every word under `mask` carries `tag` (volatile loads: L2), then their fp32 values;
+    0 where masked."""
+    w = tl.load(ptr, mask=mask, other=tag << 32, volatile=True)
+    ok = tl.min(((w >> 32) == tag).to(tl.int32))
+    while ok == 0:
+        w = tl.load(ptr, mask=mask, other=tag << 32, volatile=True)
+        ok = tl.min(((w >> 32) == tag).to(tl.int32))
+    return (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _emit_wait(layer, n, emit_ptr, tag, H: tl.constexpr, KP: tl.constexpr, EB: tl.constexpr):
+    """Layer `layer`'s new h of the emitted rows [EB, KP] (0 past entry n), once every program has
+    written its units of entries 0..n-1."""
+    b = tl.arange(0, EB)
+    k = tl.arange(0, KP)
+    off = ((layer * EB + b).to(tl.int64) * H)[:, None] + k[None, :]
+    return _ll_wait(emit_ptr + off, (b < n)[:, None] & (k < H)[None, :], tag)
+
+
+@triton.jit
+def _emit_layer(layer: tl.constexpr, j, n, x, h_old, c_old, rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
+                bias_ptr, emit_ptr, tag, F: tl.constexpr, H: tl.constexpr, F_PAD: tl.constexpr, KH: tl.constexpr,
                 KP: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, EB: tl.constexpr):
     """Layer `layer` of this program's units for the completed windows of entries 0..n-1 only: one
-    row each, as broadcast products reduced over K in registers (a tl.dot needs 16 rows), new h to
-    emit_ptr [L, n, H]. The state is not written: the full pass after the answer recomputes these
-    rows with the others and restarts the windows there."""
+    row each, as broadcast products reduced over K in registers (a tl.dot needs 16 rows); x is the
+    layer below's new h [EB, KP] (`_emit_wait`; unused by layer 0, which reads the rows). New h to
+    emit_ptr [L, EB, H] as tagged words, every one of the EB rows (rows past n too: so any word a
+    reader waits for was written by this pass or the one before, whose tag differs). The state
+    is not written: the full pass after the answer recomputes these rows with the others and
+    restarts the windows there."""
     G4: tl.constexpr = 4 * BH
     g4 = tl.arange(0, G4)
     b = tl.arange(0, EB)
@@ -164,49 +196,74 @@ def _emit_layer(layer: tl.constexpr, j, n, h_old, c_old, rows_ptr, mean_ptr, ist
         ask0 = tl.load(rp + 2, mask=bmask, other=0.0, volatile=True)
         mean = tl.load(mean_ptr + f, mask=fmask, other=0.0)
         istd = tl.load(istd_ptr + f, mask=fmask, other=0.0)
-        x = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :], xm)
+        x0 = _features(raw, bid0[:, None], ask0[:, None], f[None, :], mean[None, :], istd[None, :], xm)
         wx = tl.load(wx0_ptr + (j * F_PAD + f[:, None]) * G4 + g4[None, :]).to(tl.float32)
+        acc = tl.sum(x0[:, :, None] * wx[None, :, :], axis=1)
     else:
-        # the layer below's new h of these rows, written by every emitting program (L2)
-        x = tl.load(emit_ptr + (((layer - 1) * n + b).to(tl.int64) * H)[:, None] + k[None, :],
-                    mask=bmask[:, None] & kmask[None, :], other=0.0, volatile=True)
         wx = tl.load(wx_ptr + ((layer - 1) * NB + j) * KH * G4 + k[:, None] * G4 + g4[None, :],
                      mask=kmask[:, None], other=0.0).to(tl.float32)
+        acc = tl.sum(x[:, :, None] * wx[None, :, :], axis=1)
     wh = tl.load(wh_ptr + (layer * NB + j) * KH * G4 + k[:, None] * G4 + g4[None, :], mask=kmask[:, None],
                  other=0.0).to(tl.float32)
-    acc = tl.sum(x[:, :, None] * wx[None, :, :], axis=1) + tl.sum(h_old[:, :, None] * wh[None, :, :], axis=1)
+    acc += tl.sum(h_old[:, :, None] * wh[None, :, :], axis=1)
     acc += tl.load(bias_ptr + (layer * NB + j) * G4 + g4)[None, :]
     gi, gf, gg, go = _split_gates(acc, EB, BH)
     h_new, _ = _cell(gi, gf, gg, go, c_old)
-    tl.store(emit_ptr + (((layer * n + b).to(tl.int64)) * H)[:, None] + unit[None, :], h_new,
-             mask=bmask[:, None] & (unit < H)[None, :])
+    _ll_store(emit_ptr + (((layer * EB + b).to(tl.int64)) * H)[:, None] + unit[None, :], h_new,
+              (b < EB)[:, None] & (unit < H)[None, :], tag)
 
 
 @triton.jit
-def _emit_pass(j, ms, n, r, lead, target, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
-               bias_ptr, h_ptr, c_ptr, emit_ptr, sync_ptr, time_ptr, F: tl.constexpr, H: tl.constexpr,
-               W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr, KH: tl.constexpr, KP: tl.constexpr,
-               BH: tl.constexpr, NB: tl.constexpr, EB: tl.constexpr, TIMING: tl.constexpr, TSLOTS: tl.constexpr,
-               NST: tl.constexpr, PHASES: tl.constexpr):
-    """The completed windows' layers (a request of at most EB entries), on the NB programs of row
-    group 0 (every hidden block once), one barrier a layer among them (counter line CNT_DONE + 1 + L + k,
-    `target` = NB x the emitted passes so far, this one included); the other programs wait for the last
-    one, since the full pass after it rewrites the state this pass reads. The lead's head is the caller's."""
+def _emit_head(n, top, slots_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, H: tl.constexpr, KH: tl.constexpr,
+               KP: tl.constexpr, EB: tl.constexpr, OUT_C: tl.constexpr):
+    """The lead: head + decision of entries 0..n-1 from the top layer's new h `top` [EB, KP] (in
+    registers from `_emit_wait`: the same arithmetic as `_lstm_head`, without its reload)."""
+    b = tl.arange(0, EB)
+    bmask = b < n
+    k = tl.arange(0, KP)
+    kmask = k < KH
+    slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=True).to(tl.int64)
+    l0 = tl.sum(top * tl.load(hw_ptr + k, mask=kmask, other=0.0)[None, :], axis=1)
+    l1 = tl.sum(top * tl.load(hw_ptr + KH + k, mask=kmask, other=0.0)[None, :], axis=1)
+    l2 = tl.sum(top * tl.load(hw_ptr + 2 * KH + k, mask=kmask, other=0.0)[None, :], axis=1)
+    _decide_store(l0 + tl.load(hb_ptr), l1 + tl.load(hb_ptr + 1), l2 + tl.load(hb_ptr + 2),
+                  b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
+
+
+@triton.jit
+def _emit_pass(j, ms, n, r, lead, tag, rows_ptr, slots_ptr, pos_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr,
+               bias_ptr, h_ptr, c_ptr, emit_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, ctrl_ptr, time_ptr,
+               F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
+               KH: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, EB: tl.constexpr,
+               OUT_C: tl.constexpr, TIMING: tl.constexpr, TSLOTS: tl.constexpr, NST: tl.constexpr,
+               PHASES: tl.constexpr):
+    """The completed windows' layers (a request of at most EB entries) on the NB programs of row
+    group 0 (every hidden block once), each layer's new h exchanged as words tagged `tag` (this
+    emitted pass's number: no barrier, a reader spins on the data itself); the lead answers from
+    the top layer (head, result slot, done). Every program, emitting or not, returns only once the
+    top layer is complete: its words were written after each emitting program had read all the old
+    state it needs, and the full pass after this one rewrites that state."""
     if ms == 0:
         hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
+        x = hs[0]  # layer 0 reads the request's rows instead
         for ph in tl.static_range(0, L):
-            _emit_layer(ph, j, n, hs[ph], cs[ph], rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr,
-                        wh_ptr, bias_ptr, emit_ptr, F, H, F_PAD, KH, KP, BH, NB, EB)
+            if ph > 0:
+                x = _emit_wait(ph - 1, n, emit_ptr, tag, H, KP, EB)
+                if PHASES:
+                    if lead:
+                        _stamp(time_ptr, (r % TSLOTS) * NST + 2 + 2 * ph, TIMING)  # barrier ph-1
+            _emit_layer(ph, j, n, x, hs[ph], cs[ph], rows_ptr, mean_ptr, istd_ptr, wx0_ptr, wx_ptr,
+                        wh_ptr, bias_ptr, emit_ptr, tag, F, H, F_PAD, KH, KP, BH, NB, EB)
             if PHASES:
                 if lead:
                     _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
-            _arrive(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph))
-            _wait_count(sync_ptr + _LINE * (_CNT_DONE + 1 + L + ph), target)
-            if PHASES:
-                if lead:
-                    _stamp(time_ptr, (r % TSLOTS) * NST + 4 + 2 * ph, TIMING)
-    else:
-        _wait_count(sync_ptr + _LINE * (_CNT_DONE + 2 * L), target)  # layer L-1's counter
+    top = _emit_wait(L - 1, n, emit_ptr, tag, H, KP, EB)
+    if lead:
+        if PHASES:
+            _stamp(time_ptr, (r % TSLOTS) * NST + 2 + 2 * L, TIMING)  # barrier L-1
+        _emit_head(n, top, slots_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, H, KH, KP, EB, OUT_C)
+        _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
+        _release_done(ctrl_ptr, r + 1)
 
 
 @triton.jit
@@ -266,7 +323,7 @@ def _lstm_persistent_kernel(
     n_ms_w = nprog // NB_W
     r = tl.load(sync_ptr + _LINE * _CNT_DONE, volatile=True) * 0  # int64 zero: requests served
     nstep = r  # steps served (the phase counters count steps only)
-    nemit = r  # steps answered from the emitted pass (its counters count those only)
+    nemit = r  # steps answered from the emitted pass (their exchange's tags count those only)
     running = 1
     while running == 1:
         if lead:
@@ -288,15 +345,11 @@ def _lstm_persistent_kernel(
             if EB > 0:
                 emitted = n <= EB
                 if emitted:
-                    _emit_pass(j, ms, n, r, lead, NB * (nemit + 1), rows_ptr, slots_ptr, pos_ptr, mean_ptr,
-                               istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, emit_ptr, sync_ptr,
-                               time_ptr, F, H, W, L, F_PAD, KH, KP, BH, NB, EB, TIMING, TSLOTS, NST, PHASES)
-                    if lead:
-                        o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
-                        _lstm_head(0, 1, n, slots_ptr, pos_ptr, emit_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, o,
-                                   H, W, L, KH, BLOCK_K, False, HB, OUT_C, True)
-                        _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
-                        _release_done(ctrl_ptr, r + 1)
+                    o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
+                    _emit_pass(j, ms, n, r, lead, nemit % 0x7FFFFFFF + 1, rows_ptr, slots_ptr, pos_ptr, mean_ptr,
+                               istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, h_ptr, c_ptr, emit_ptr, hw_ptr, hb_ptr,
+                               thr_ptr, held_ptr, o, ctrl_ptr, time_ptr, F, H, W, L, F_PAD, KH, KP, BH, NB, EB,
+                               OUT_C, TIMING, TSLOTS, NST, PHASES)
                     nemit += 1
             stamp = lead & (emitted == 0)  # the phase stamps are the emitted pass's where it ran
             wide = False
@@ -442,9 +495,10 @@ class LstmPersistent(PersistentKernel):
         widest = max(w.block_h, self.wide.block_h if self.wide is not None else 0)
         self.xp = torch.zeros(self.programs * max_batch * 4 * widest, **f32)
         # the emitted pass (window mode): requests of at most emit_entries entries are answered from
-        # the windows they complete before the full pass; its new h per layer and entry [L, n, H]
+        # the windows they complete before the full pass; its new h per layer and entry [L, EB, H] as
+        # tagged words (tag << 32 | fp32 bits: `_ll_store`), zeroed at each start (tags restart at 1)
         self.emit_entries, self.emit_reason = self._emit_pass(emit_entries)
-        self.emit_h = torch.zeros(w.layers * max(1, self.emit_entries) * w.hidden, **f32)
+        self.emit_h = torch.zeros(w.layers * max(1, self.emit_entries) * w.hidden, dtype=torch.int64, device=dev)
 
     def _wide_tiling(self, wide: LstmWeights | None, block_m: int) -> tuple[LstmWeights | None, str]:
         """`wide` if this kernel can take it as its second tiling, else None; and why not."""
@@ -471,8 +525,6 @@ class LstmPersistent(PersistentKernel):
             return 0, "off (emit_entries 0)"
         if not self.window_mode:
             return 0, "stream mode (one row an entry: nothing to put first)"
-        if 2 + 2 * self.w.layers > SYNC_LINES:
-            return 0, f"{self.w.layers} layers: the sync block has no line for each emitted barrier"
         if triton.next_power_of_2(self.w.kh) > EMIT_MAX_K:
             return 0, f"hidden {self.w.hidden}: its products would not fit in registers (K <= {EMIT_MAX_K})"
         # a power of two (its products' entry axis is a tl.arange): at most the ring's batch rounded down to one
@@ -502,6 +554,12 @@ class LstmPersistent(PersistentKernel):
                      BOTH_W=wide_plan["BOTH"], GROUP_W=wide_plan["GROUP"],
                      EB=self.emit_entries, KP=triton.next_power_of_2(w.kh),
                      num_warps=self.num_warps, num_stages=NUM_STAGES))
+
+    def start(self) -> None:
+        # the emitted pass's tags count from 1 in each launch: no word of an earlier one may match
+        # (zeroed on the caller's stream, which the launch waits for)
+        self.emit_h.zero_()
+        super().start()
 
     def _zero_state(self) -> None:
         self.h.zero_()

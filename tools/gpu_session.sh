@@ -169,7 +169,10 @@
 #                                          # lstm_a's sweep at 1 and 2, then the tests (~260 s: what ran at eb97ec8);
 #                                          # wave42b: the engine rows against BASE_TGZ's, twice (~500 s);
 #                                          # wave43: the landing and persistent kernel tests, then lstm_a's
-#                                          # engine rows at 1, 2, 64 against BASE_TGZ's once (~480 s)
+#                                          # engine rows at 1, 2, 64 against BASE_TGZ's once (~480 s);
+#                                          # wave43b: the emitted pass's exchange as tagged words: lstm_a's
+#                                          # sweep on / off by phase, the engine rows back to back and 40 µs
+#                                          # apart against BASE_TGZ's, then the landing tests (~540 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1980,6 +1983,17 @@ elif [ "$phase" = wave43 ]; then
   engines_pair 1 lstm_a/window 90 1,2,64
   summarize
   verbatim gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave43b ]; then
+  step sweep_emit 70 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+       --batches 1,2 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
+  step engines_new1 80 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  summarize
+  verbatim sweep_emit engines_new1 engines_base1 gpu_tests
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize

@@ -122,7 +122,8 @@ def test_floor_answers_in_order(device):
 class Case:
     family: str  # "window" | "stream" | "mlp"
     precision: str
-    rounds: tuple[tuple[tuple[str, int], ...], ...]  # per round: ("step", batch) or ("reset", count)
+    # per round: ("step", batch), ("bare", batch) -- a step without the sink entry -- or ("reset", count)
+    rounds: tuple[tuple[tuple[str, int], ...], ...]
     levels: int = 2
     hidden: int = 12
     layers: int = 2
@@ -137,7 +138,8 @@ class Case:
 ROUNDS = ((("step", 2), ("step", 1), ("step", 3)), (("step", 3), ("reset", 2), ("step", 3)),
           (("step", 1), ("step", 2)), (("step", 3), ("step", 3), ("step", 3)))
 CPU_CASES = [
-    Case("window", "fp32", ROUNDS),
+    # and requests of one entry (no sink): the emitted pass at n = 1 below its EB of 2
+    Case("window", "fp32", ROUNDS + ((("bare", 1), ("step", 1), ("bare", 1)),)),
     Case("window", "bf16", ROUNDS[:2], layers=1),
     # both tilings: requests of one window take the first, of two or more the wide one (32-row tiles)
     Case("window", "fp32", ROUNDS[:2], wide_block_h=32),
@@ -239,7 +241,7 @@ def _plan(case: Case, rnd: random.Random, nxt: dict[int, int], ops, sink: int, g
         for s, p, row in zip(slots, positions, rows):
             model.ring_h[s, p % case.depth] = row
             nxt[s] += 1
-        pad = 1 if count < model.ring.max_batch else 0
+        pad = 1 if count < model.ring.max_batch and op != "bare" else 0
         reqs.append((KIND_STEP, slots + [sink] * pad, positions + [rnd.choice([-3, 0, 5])] * pad, count))
     return reqs
 
@@ -292,6 +294,13 @@ def test_persistent_matches_references(case: Case):
                       what=f"{what}: kernel vs float64")
             check_out(out, ref["fp32"], tol, n_real, prev_held=prev["fp32"], ref_prev_held=prev["fp32"], thr=THR,
                       what=f"{what}: kernel vs fp32 reference")
+        if case.family == "window":
+            # the emitted pass's exchange: each of the round's passes wrote every word of [L, EB, H] (rows past
+            # its n too) with its own number, counted from 1 in each launch -- so a reader can never take a
+            # word left from an older pass or launch for this one's
+            n_emit = sum(kind == KIND_STEP and len(slots) <= model.kernel.emit_entries for kind, slots, _, _ in reqs)
+            tags = model.kernel.emit_h >> 32
+            assert torch.all(tags == n_emit), f"round {ri}: emitted-pass tags {tags.unique().tolist()}, want {n_emit}"
         real = slice(0, case.n_inst)
         assert torch.equal(model.held[real], model.refs["fp32"]["held"][real]) or case.precision != "fp32"
         if case.family != "mlp":
