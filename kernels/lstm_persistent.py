@@ -46,12 +46,14 @@ The emitted pass (window mode, `emit_entries`, EMIT_ENTRIES): a request's answer
 windows it completes -- one row an entry -- yet the full pass computes all W open windows of each
 entry, by 16-row tiles on every program, before the head. So a request of at most EMIT_ENTRIES
 entries is answered first from those rows alone, on the NB programs of row group 0 (each hidden
-block once): each layer's row as products reduced in registers, then a barrier among those NB
-programs (its own counters), the lead's head from that pass's h (`emit_h`), done released. Then
-every program runs the full pass as before, which recomputes those rows with the others (its
-results for them are discarded: the windows restart at zero) and writes the state; the other
-programs wait for the emitted pass's last barrier first, since the full pass rewrites the state it
-reads. The answer no longer waits for the full pass; the next request still does.
+block once): each layer's row as products reduced in registers, its new h exchanged through
+`emit_h` as tagged words (tag << 32 | fp32 bits, the pass's number as the tag: a reader spins on
+the words themselves until each carries this pass's tag -- no counter, no release fence, no second
+load), the lead's head from the top layer's words, done released. Then every program runs the full
+pass as before, which recomputes those rows with the others (its results for them are discarded:
+the windows restart at zero) and writes the state; every program waits for the top layer's words
+first, since the full pass rewrites the state the emitted pass reads. The answer no longer waits
+for the full pass; the next request still does.
 """
 
 from __future__ import annotations
