@@ -107,32 +107,38 @@ def recheck(eng, rt, preset: str, mode: str, precision: str) -> str:
     return verdict
 
 
-def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> np.ndarray:
-    """Host ns of each step (submit -> collect). gap_us > 0: spin that long after each collect
-    before the next submit (untimed), so that a request finds the engine idle -- a persistent
-    kernel that answers before it finishes its work (the emitted pass) is otherwise still busy
-    with the previous request when the next one arrives back to back."""
+def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Host ns of each step (submit -> collect), and of its parts [steps, 3]: submit (the gather
+    and the launch or ring write), the wait (spinning on poll), collect. gap_us > 0: spin that long
+    after each collect before the next submit (untimed), so that a request finds the engine idle --
+    a persistent kernel that answers before it finishes its work (the emitted pass) is otherwise
+    still busy with the previous request when the next one arrives back to back."""
     out = np.empty(steps, dtype=np.int64)
+    parts = np.empty((steps, 3), dtype=np.int64)
     slots_all = np.arange(batch) % N_SLOTS
     pos = depth
     gap_ns = int(gap_us * 1000)
+    clock = time.perf_counter_ns
     for i in range(steps + 50):
         slots, positions = eng.request()
         slots[:batch] = slots_all
         positions[:batch] = pos
         pos += 1
-        t0 = time.perf_counter_ns()
+        t0 = clock()
         eng.submit(batch)
+        ts = clock()
         while not eng.poll():
             pass
+        tw = clock()
         eng.collect()
-        t1 = time.perf_counter_ns()
+        t1 = clock()
         if i >= 50:  # warm-up steps left out
             out[i - 50] = t1 - t0
+            parts[i - 50] = ts - t0, tw - ts, t1 - tw
         if gap_ns:
-            while time.perf_counter_ns() - t1 < gap_ns:
+            while clock() - t1 < gap_ns:
                 pass
-    return out
+    return out, parts
 
 
 def floor(steps: int, transport: str) -> dict:
@@ -172,6 +178,7 @@ def _row(r: dict) -> list:
             r["max"], _verdict(r), r.get("correct", "")]
 
 
+PARTS = ("submit", "wait", "collect")  # a step's parts (time_steps)
 HEADERS = ["model", "mode", "engine", "batch", "device p50 µs", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "goal",
            "results"]
 
@@ -226,9 +233,11 @@ def main() -> int:
                     eng.kernel.start()
                 for b, gap in ((b, g) for b in batches for g in gaps):
                     first_seq = eng.ring.seq + 51 if engine == "persistent" else 0
+                    ns, parts = time_steps(eng, b, steps, rt.store.depth, gap)
                     r = {"model": preset, "mode": mode, "engine": label + (f" gap{gap:g}" if gap else ""),
                          "batch": b, "gap_us": gap, "reason": eng.reason, "conflating": rt.conflate,
-                         "correct": verdict} | pct(time_steps(eng, b, steps, rt.store.depth, gap))
+                         "correct": verdict} | pct(ns)
+                    r["parts_p50"] = dict(zip(PARTS, (float(v) for v in np.percentile(parts, 50, axis=0) / 1e3)))
                     if engine == "persistent":
                         last_seq = eng.ring.seq  # stop() takes one more seq, unstamped
                         eng.kernel.stop()
@@ -245,6 +254,10 @@ def main() -> int:
             torch.cuda.synchronize()
     print()
     print(table(HEADERS, [_row(r) for r in rows], title=f"engines, {steps} steps per row, {a.precision}"))
+    print()
+    print(table(["model", "mode", "engine", "batch", *(f"{p} p50 µs" for p in PARTS)],
+                [[r["model"], r["mode"], r["engine"], r["batch"], *r["parts_p50"].values()]
+                 for r in rows if "parts_p50" in r], title="where the host's step goes (medians of each part)"))
     if a.json:
         write_json(a.json, {"steps": steps, "gpu": torch.cuda.get_device_name(0), "rows": rows})
     return 0
