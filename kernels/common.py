@@ -171,6 +171,14 @@ def _ld_l2(ptrs, mask, VOL: tl.constexpr):
 @triton.jit
 def _decide_store(l0, l1, l2, b, bmask, slots, thr_ptr, held_ptr, out_ptr, OUT_C: tl.constexpr):
     """Logits (down, flat, up) of batch rows b -> score, action; updates held[slot]."""
+    prev = tl.load(held_ptr + slots, mask=bmask, other=0)
+    _decide_store_held(l0, l1, l2, b, bmask, slots, prev, thr_ptr, held_ptr, out_ptr, OUT_C)
+
+
+@triton.jit
+def _decide_store_held(l0, l1, l2, b, bmask, slots, prev, thr_ptr, held_ptr, out_ptr, OUT_C: tl.constexpr):
+    """`_decide_store` with held[slots] already loaded as `prev` (a caller that can load it before
+    its logits are ready: the persistent LSTM's emitted pass)."""
     m = tl.maximum(tl.maximum(l0, l1), l2)
     e0 = tl.exp(l0 - m)
     e1 = tl.exp(l1 - m)
@@ -178,7 +186,6 @@ def _decide_store(l0, l1, l2, b, bmask, slots, thr_ptr, held_ptr, out_ptr, OUT_C
     score = (e2 - e0) / (e0 + e1 + e2)
     thr = tl.load(thr_ptr)
     hyst = tl.load(thr_ptr + 1)
-    prev = tl.load(held_ptr + slots, mask=bmask, other=0)
     keep_up = (prev == 1) & (score >= thr - hyst)
     keep_dn = (prev == -1) & (score <= hyst - thr)
     act = tl.where(score > thr, 1, tl.where(score < -thr, -1, tl.where(keep_up, 1, tl.where(keep_dn, -1, 0))))

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hft_infer.kernels.common import OUT_COLS, _cell, _decide_store, _features, dot_flags, interpreting
+from hft_infer.kernels.common import OUT_COLS, _cell, _decide_store_held, _features, dot_flags, interpreting
 from hft_infer.kernels.lstm import (
     PREFETCH_MAX_PERSISTENT,
     LstmWeights,
@@ -121,7 +121,7 @@ def _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H: tl.constexpr, W: tl.c
                 KP: tl.constexpr, BH: tl.constexpr, EB: tl.constexpr):
     """The old state of the windows entries 0..n-1 (n <= EB) complete in this request, every layer's
     at once (nobody writes it during the emitted pass): h [EB, KP] and this program's units of c
-    [EB, BH], a tuple of L each."""
+    [EB, BH], a tuple of L each; and the entries' slots [EB] (int64, 0 past n)."""
     b = tl.arange(0, EB)
     bmask = b < n
     k = tl.arange(0, KP)
@@ -137,7 +137,7 @@ def _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H: tl.constexpr, W: tl.c
                            other=0.0, volatile=True),)
         cs = cs + (tl.load(c_ptr + srow[:, None] * H + unit[None, :], mask=bmask[:, None] & (unit < H)[None, :],
                            other=0.0, volatile=True),)
-    return hs, cs
+    return hs, cs, slot
 
 
 @triton.jit
@@ -216,20 +216,19 @@ def _emit_layer(layer: tl.constexpr, j, n, x, h_old, c_old, rows_ptr, mean_ptr, 
 
 
 @triton.jit
-def _emit_head(n, top, slots_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, H: tl.constexpr, KH: tl.constexpr,
-               KP: tl.constexpr, EB: tl.constexpr, OUT_C: tl.constexpr):
+def _emit_head(n, top, slot, prev, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, KH: tl.constexpr, KP: tl.constexpr,
+               EB: tl.constexpr, OUT_C: tl.constexpr):
     """The lead: head + decision of entries 0..n-1 from the top layer's new h `top` [EB, KP] (in
-    registers from `_emit_wait`: the same arithmetic as `_lstm_head`, without its reload)."""
+    registers from `_emit_wait`: the same arithmetic as `_lstm_head`, without its reloads); their
+    slots and held[slots] (`prev`) were loaded before the wait."""
     b = tl.arange(0, EB)
-    bmask = b < n
     k = tl.arange(0, KP)
     kmask = k < KH
-    slot = tl.load(slots_ptr + b, mask=bmask, other=0, volatile=True).to(tl.int64)
     l0 = tl.sum(top * tl.load(hw_ptr + k, mask=kmask, other=0.0)[None, :], axis=1)
     l1 = tl.sum(top * tl.load(hw_ptr + KH + k, mask=kmask, other=0.0)[None, :], axis=1)
     l2 = tl.sum(top * tl.load(hw_ptr + 2 * KH + k, mask=kmask, other=0.0)[None, :], axis=1)
-    _decide_store(l0 + tl.load(hb_ptr), l1 + tl.load(hb_ptr + 1), l2 + tl.load(hb_ptr + 2),
-                  b, bmask, slot, thr_ptr, held_ptr, out_ptr, OUT_C)
+    _decide_store_held(l0 + tl.load(hb_ptr), l1 + tl.load(hb_ptr + 1), l2 + tl.load(hb_ptr + 2),
+                       b, b < n, slot, prev, thr_ptr, held_ptr, out_ptr, OUT_C)
 
 
 @triton.jit
@@ -246,7 +245,9 @@ def _emit_pass(j, ms, n, r, lead, tag, rows_ptr, slots_ptr, pos_ptr, mean_ptr, i
     top layer is complete: its words were written after each emitting program had read all the old
     state it needs, and the full pass after this one rewrites that state."""
     if ms == 0:
-        hs, cs = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
+        hs, cs, slot = _emit_state(slots_ptr, pos_ptr, h_ptr, c_ptr, n, j, H, W, L, KP, BH, EB)
+        # the lead's held[slot] before the layers (the others load nothing): only the lead writes it
+        prev = tl.load(held_ptr + slot, mask=(tl.arange(0, EB) < n) & lead, other=0)
         x = hs[0]  # layer 0 reads the request's rows instead
         for ph in tl.static_range(0, L):
             if ph > 0:
@@ -259,13 +260,15 @@ def _emit_pass(j, ms, n, r, lead, tag, rows_ptr, slots_ptr, pos_ptr, mean_ptr, i
             if PHASES:
                 if lead:
                     _stamp(time_ptr, (r % TSLOTS) * NST + 3 + 2 * ph, TIMING)
-    top = _emit_wait(L - 1, n, emit_ptr, tag, H, KP, EB)
-    if lead:
-        if PHASES:
-            _stamp(time_ptr, (r % TSLOTS) * NST + 2 + 2 * L, TIMING)  # barrier L-1
-        _emit_head(n, top, slots_ptr, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, H, KH, KP, EB, OUT_C)
-        _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
-        _release_done(ctrl_ptr, r + 1)
+        top = _emit_wait(L - 1, n, emit_ptr, tag, H, KP, EB)
+        if lead:
+            if PHASES:
+                _stamp(time_ptr, (r % TSLOTS) * NST + 2 + 2 * L, TIMING)  # barrier L-1
+            _emit_head(n, top, slot, prev, hw_ptr, hb_ptr, thr_ptr, held_ptr, out_ptr, KH, KP, EB, OUT_C)
+            _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
+            _release_done(ctrl_ptr, r + 1)
+    else:
+        _emit_wait(L - 1, n, emit_ptr, tag, H, KP, EB)
 
 
 @triton.jit
