@@ -86,15 +86,14 @@ KIND_STOP = 2  # device-internal: the lead saw the stop flag with no request pen
 CTRL_DONE = 0
 LINE = 16  # int64 per 128-byte line
 
-# device sync block (int64): mailbox words, then counters on their own 128-byte lines
-MB_REQ, MB_N, MB_KIND = 0, 1, 2
+# device sync block (int64): the mailbox word ((r+1) mod 2^32 | n << 32 | kind << 48: `_broadcast`),
+# then counters on their own 128-byte lines
+MB_REQ = 0
 CNT_DONE = 1  # line index of the completion counter; phase counters follow
 SYNC_LINES = 16
 
 _CTRL_DONE = tl.constexpr(CTRL_DONE)
 _MB_REQ = tl.constexpr(MB_REQ)
-_MB_N = tl.constexpr(MB_N)
-_MB_KIND = tl.constexpr(MB_KIND)
 _KIND_STOP = tl.constexpr(KIND_STOP)
 # the same words as constexprs for the model kernels' own loops (lstm_persistent, mlp_persistent)
 STEP_C = tl.constexpr(KIND_STEP)
@@ -387,23 +386,22 @@ def _payload(pay_i_ptr, pay_f_ptr, r, NREQ: tl.constexpr, PW: tl.constexpr, MAX_
 
 @triton.jit
 def _broadcast(sync_ptr, r, kind, n):
-    """Lead: publish request r+1 (kind, n) to every program: whoever sees MB_REQ == r+1
-    also sees everything the lead saw or wrote before."""
-    tl.store(sync_ptr + _MB_N, n.to(tl.int64))
-    tl.store(sync_ptr + _MB_KIND, kind.to(tl.int64))
+    """Lead: publish request r+1 (kind, n) to every program as one word, the header's layout
+    ((r+1) mod 2^32 | n << 32 | kind << 48): whoever sees it has kind and n from the load that saw
+    it (no second trip), and everything the lead saw or wrote before."""
+    word = ((r + 1) & 0xFFFFFFFF) | (n.to(tl.int64) << 32) | (kind.to(tl.int64) << 48)
     tl.debug_barrier()  # every thread's stores are issued before the release below
-    tl.atomic_xchg(sync_ptr + _MB_REQ, r + 1, sem="release", scope="gpu")
+    tl.atomic_xchg(sync_ptr + _MB_REQ, word, sem="release", scope="gpu")
 
 
 @triton.jit
 def _wait_broadcast(sync_ptr, r):
     """Other programs: wait for the lead's request r+1; (kind, n)."""
+    want = (r + 1) & 0xFFFFFFFF
     cur = tl.load(sync_ptr + _MB_REQ, volatile=True)
-    while cur != r + 1:
+    while (cur & 0xFFFFFFFF) != want:
         cur = tl.load(sync_ptr + _MB_REQ, volatile=True)
-    kind = tl.load(sync_ptr + _MB_KIND, volatile=True)
-    n = tl.load(sync_ptr + _MB_N, volatile=True).to(tl.int32)
-    return kind, n
+    return (cur >> 48) & 0xFF, ((cur >> 32) & 0xFFFF).to(tl.int32)
 
 
 @triton.jit
