@@ -83,7 +83,7 @@ from hft_infer.kernels.persistent import (
     RequestRing,
     _arrive,
     _broadcast,
-    _lead_wait_request,
+    _lead_take_request,
     _payload,
     _release_done,
     _stamp,
@@ -304,12 +304,14 @@ def _step_layers(j, ms, n_ms, n, r, stamp, target, rows_ptr, slots_ptr, pos_ptr,
 
 @triton.jit
 def _lstm_persistent_kernel(
-    hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_h_ptr, ctrl_ptr, time_ptr, sync_ptr,
+    hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, out_h_ptr, ctrl_ptr, time_ptr,
+    sync_ptr,
     mean_ptr, istd_ptr, wx0_ptr, wx_ptr, wh_ptr, bias_ptr, wx0w_ptr, wxw_ptr, whw_ptr, biasw_ptr, hw_ptr, hb_ptr,
     h_ptr, c_ptr, scratch_ptr, xp_ptr, thr_ptr, held_ptr, emit_ptr,
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
+    INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
     NST: tl.constexpr, PHASES: tl.constexpr,
@@ -332,7 +334,8 @@ def _lstm_persistent_kernel(
     running = 1
     while running == 1:
         if lead:
-            kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
+            kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr,
+                                         pay_h_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
             if (kind == _STEP) | (kind == _RESET):
                 _stamp(time_ptr, (r % TSLOTS) * NST, TIMING)
             _broadcast(sync_ptr, r, kind, n)
@@ -411,6 +414,10 @@ WIDE_MIN_ENTRIES = 2
 EMIT_ENTRIES = 2
 # its products hold [EMIT_ENTRIES, K, 4 * block_h] in registers: up to this K (hidden size, padded)
 EMIT_MAX_K = 256
+# Steps of at most INLINE_ENTRIES entries go inline: the host writes the pinned header only, and the
+# lead reads the request from the pinned slot in place -- no copy graph to launch (~3.8 µs of the
+# host's submit) nor two copies to wait for (docs/notes/kernels.md, "Small requests inline").
+INLINE_ENTRIES = 2
 
 
 def pack_wide(params, w: LstmWeights) -> LstmWeights | None:
@@ -452,7 +459,8 @@ class LstmPersistent(PersistentKernel):
                  held: torch.Tensor, *, window: int | None, max_programs: int | None = None,
                  block_m: int | None = None, num_warps: int = 4, timing: bool = False,
                  phases: bool = False, wide: LstmWeights | None = None, wide_block_m: int = WIDE_BLOCK_M,
-                 wide_min_entries: int = WIDE_MIN_ENTRIES, emit_entries: int = EMIT_ENTRIES) -> None:
+                 wide_min_entries: int = WIDE_MIN_ENTRIES, emit_entries: int = EMIT_ENTRIES,
+                 inline_entries: int = INLINE_ENTRIES) -> None:
         dev = w.wh.device
         # phases (with timing): the lead program also stamps the broadcast, each layer's end and
         # each layer barrier's, and the last program the broadcast's arrival (`phase_stamps`); a
@@ -504,6 +512,9 @@ class LstmPersistent(PersistentKernel):
         # tagged words (tag << 32 | fp32 bits: `_ll_store`), zeroed at each start (tags restart at 1)
         self.emit_entries, self.emit_reason = self._emit_pass(emit_entries)
         self.emit_h = torch.zeros(w.layers * max(1, self.emit_entries) * w.hidden, dtype=torch.int64, device=dev)
+        # steps of at most inline_entries entries skip the ring's copy graph: the lead reads them from the
+        # pinned slot (RequestRing.enable_inline; granted where the transport and row bytes allow)
+        self.inline_entries = ring.enable_inline(inline_entries)
 
     def _wide_tiling(self, wide: LstmWeights | None, block_m: int) -> tuple[LstmWeights | None, str]:
         """`wide` if this kernel can take it as its second tiling, else None; and why not."""

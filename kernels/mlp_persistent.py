@@ -39,7 +39,7 @@ from hft_infer.kernels.persistent import (
     RequestRing,
     _arrive,
     _broadcast,
-    _lead_wait_request,
+    _lead_take_request,
     _payload,
     _release_done,
     _stamp,
@@ -50,12 +50,14 @@ from hft_infer.kernels.persistent import (
 
 @triton.jit
 def _mlp_persistent_kernel(
-    hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_h_ptr, ctrl_ptr, time_ptr, sync_ptr,
+    hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, out_h_ptr, ctrl_ptr, time_ptr,
+    sync_ptr,
     mean_ptr, istd_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, w3_ptr, b3_ptr, part_ptr, thr_ptr, held_ptr,
     F: tl.constexpr, W: tl.constexpr, H1P: tl.constexpr, H2P: tl.constexpr, HLP: tl.constexpr,
     NUM_HIDDEN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NCHUNK: tl.constexpr,
     KSPLIT: tl.constexpr, CPS: tl.constexpr, BLOCK_B: tl.constexpr, BK1: tl.constexpr,
-    NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
+    NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr, INL: tl.constexpr,
+    RW: tl.constexpr, RB: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr,
 ):
@@ -67,7 +69,8 @@ def _mlp_persistent_kernel(
     running = 1
     while running == 1:
         if lead:
-            kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
+            kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr,
+                                         pay_h_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
             if (kind == _STEP) | (kind == _RESET):
                 _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
             _broadcast(sync_ptr, r, kind, n)

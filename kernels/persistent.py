@@ -39,6 +39,15 @@ strictly in order, writes result slot k, then releases ctrl[DONE] = s (atomic ex
 release, system scope). A RESET request zeroes the model state of slots[:n] in order with
 the steps around it.
 
+Small steps inline (`RequestRing.enable_inline`, the LSTM kernels' default: at most 2 entries and
+INLINE_MAX_BYTES of rows): submit writes only the pinned header, flagged INLINE_BIT, and launches
+nothing; the lead, which polls the pinned header beside the device one (a PCIe read a poll), reads
+the slot's slots, positions and rows from pinned memory in place (three reads in flight at once,
+issued after the header was seen, which x86 wrote after them) and stores them into the device slot
+before it publishes the request, so every other program reads device memory as before. What it
+saves: the copy graph's launch on the host (~3.8 µs) and its two copies; what it costs: the PCIe
+reads on the lead (~1 µs each, docs/notes/kernels.md).
+
 At most R - 1 requests are in flight: the kernel's programs may still read request s's
 payload (slots, positions) for a moment after s is answered, until the lead has seen
 every program finish s, which it waits for before it serves s + 1. With R - 1 in flight
@@ -82,6 +91,12 @@ from hft_infer.kernels.launch import graph_launcher
 KIND_STEP, KIND_RESET = 0, 1
 """Request kinds: a model step over slots[:n] at positions[:n]; zero the state of slots[:n]."""
 KIND_STOP = 2  # device-internal: the lead saw the stop flag with no request pending
+INLINE_BIT = 1 << 62
+"""Set in a pinned header word: the request's payload is read by the lead from the pinned slot in
+place (`RequestRing.inline_entries`); no copy graph ran for it and the device header is not written."""
+INLINE_MAX_BYTES = 512
+"""The most row bytes an inline request may carry (lstm_a: 168 an entry): the lead reads them over
+PCIe, where each transaction costs ~1 µs (docs/notes/kernels.md), so only a few lines."""
 
 CTRL_DONE = 0
 LINE = 16  # int64 per 128-byte line
@@ -95,6 +110,7 @@ SYNC_LINES = 16
 _CTRL_DONE = tl.constexpr(CTRL_DONE)
 _MB_REQ = tl.constexpr(MB_REQ)
 _KIND_STOP = tl.constexpr(KIND_STOP)
+_INLINE_SHIFT = tl.constexpr(62)
 # the same words as constexprs for the model kernels' own loops (lstm_persistent, mlp_persistent)
 STEP_C = tl.constexpr(KIND_STEP)
 RESET_C = tl.constexpr(KIND_RESET)
@@ -206,7 +222,22 @@ class RequestRing:
         # graph_launcher of each, on prepare()'s current stream
         self._launchers: list[list[Callable[[], None]]] | None = None
         self._copied = None  # fenced: one event per slot, recorded after its payload copy
+        self.inline_entries = 0  # steps of at most this many entries go inline (`enable_inline`)
         self.seq = 0  # requests submitted
+
+    def enable_inline(self, entries: int) -> int:
+        """Let steps of at most `entries` entries skip the copy graph (transport "dma"): submit writes
+        only the pinned header, flagged INLINE_BIT, and the kernel's lead -- which must poll the
+        pinned header too (`_lead_take_request` with INL > 0) -- reads the payload from the pinned
+        slot in place and copies it to the device slot before it publishes the request. Returns the
+        entries granted: a power of two, capped by max_batch and INLINE_MAX_BYTES of rows; 0 where
+        the transport is not "dma" (the others never launch the graph anyway or read host memory)."""
+        if entries < 0:
+            raise ValueError(f"inline entries must be >= 0, got {entries}")
+        per_entry = self._row_bytes
+        fit = min(entries, self.max_batch, INLINE_MAX_BYTES // per_entry if per_entry else entries)
+        self.inline_entries = 0 if self.transport != "dma" or fit < 1 else 1 << (fit.bit_length() - 1)
+        return self.inline_entries
 
     # ------------------------------------------------------------ device views (the kernels' arguments)
 
@@ -253,7 +284,9 @@ class RequestRing:
                                f"(at most {self.max_in_flight}; max_batch {self.max_batch})")
         k = (seq - 1) % self.n_requests
         hdr = (seq & 0xFFFFFFFF) | (n << 32) | (kind << 48)
-        if self.transport == "pinned":
+        if n <= self.inline_entries and kind == KIND_STEP:
+            self._hdr_mv[k * LINE] = hdr | INLINE_BIT  # last: x86 keeps store order (the payload is before)
+        elif self.transport == "pinned":
             self._hdr_mv[k * LINE] = hdr  # last: x86 keeps store order
         elif self._graphs is not None:
             if self.transport == "dma":
@@ -382,6 +415,54 @@ def _payload(pay_i_ptr, pay_f_ptr, r, NREQ: tl.constexpr, PW: tl.constexpr, MAX_
     k = r % NREQ
     slots = pay_i_ptr + k * PW
     return slots, slots + MAX_B, pay_f_ptr + k * (2 * PW) + ROWS_AT
+
+
+@triton.jit
+def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, r,
+                       NREQ: tl.constexpr, PW: tl.constexpr, MAX_B: tl.constexpr, ROWS_AT: tl.constexpr,
+                       INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr):
+    """Lead program: `_lead_wait_request`, also polling the pinned header where the ring sends small
+    steps inline (INL > 0: steps of at most INL entries, RW floats of rows an entry, RB =
+    next_power_of_2(INL * RW)); an inline request's slots, positions and rows are read from the
+    pinned slot in place and stored into the device slot, where every program reads a request (the
+    broadcast's release publishes them). Returns (kind, n)."""
+    if INL == 0:
+        kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
+    else:
+        p = hdr_ptr + (r % NREQ) * LINE_C
+        ph = hdr_h_ptr + (r % NREQ) * LINE_C
+        want = (r + 1) & 0xFFFFFFFF
+        hdr = tl.load(p, volatile=True)
+        hh = tl.load(ph, volatile=True)  # a PCIe read: each poll waits ~1 µs for it
+        stop = tl.load(stop_ptr, volatile=True)
+        inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
+        i = stop * 0
+        while ((hdr & 0xFFFFFFFF) != want) & (inl == 0) & (stop == 0):
+            hdr = tl.load(p, volatile=True)
+            hh = tl.load(ph, volatile=True)
+            inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
+            i += 1
+            if (i & 63) == 0:
+                stop = tl.load(stop_ptr, volatile=True)
+        hdr = tl.where(inl, hh, hdr)
+        got = (hdr & 0xFFFFFFFF) == want
+        kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
+        n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
+        if inl:
+            k = r % NREQ
+            b = tl.arange(0, INL)
+            bm = b < n
+            q = tl.arange(0, RB)
+            qm = q < n * RW
+            # the three reads in flight at once; issued after the header was seen (x86 wrote them before it)
+            sl = tl.load(pay_h_i_ptr + k * PW + b, mask=bm, volatile=True)
+            ps = tl.load(pay_h_i_ptr + k * PW + MAX_B + b, mask=bm, volatile=True)
+            rows = tl.load(pay_h_f_ptr + k * (2 * PW) + ROWS_AT + q, mask=qm, volatile=True)
+            tl.store(pay_i_ptr + k * PW + b, sl, mask=bm)
+            tl.store(pay_i_ptr + k * PW + MAX_B + b, ps, mask=bm)
+            tl.store(pay_f_ptr + k * (2 * PW) + ROWS_AT + q, rows, mask=qm)
+            tl.debug_barrier()  # the lead's own threads read the device slot after this
+    return kind, n
 
 
 @triton.jit
@@ -626,29 +707,35 @@ class PersistentKernel:
         return t[(np.arange(first_seq, last_seq + 1) - 1) % self.time_slots]
 
     def ring_args(self) -> tuple:
-        """The ring's tensors every model kernel takes first: device header, stop flag, payload
-        (as int64 and float32), result slots, answered counter."""
+        """The ring's tensors every model kernel takes first: device and pinned header, stop flag,
+        device payload (as int64 and float32), pinned payload (the same two views: inline requests),
+        result slots, answered counter."""
         ring = self.ring
-        return ring.hdr_d, ring.stop_d, ring.device_ints(), ring.device_floats(), ring.out, ring.ctrl
+        return (ring.hdr_d, ring.hdr_h, ring.stop_d, ring.device_ints(), ring.device_floats(),
+                ring.host.view(torch.int64), ring.host.view(torch.float32), ring.out, ring.ctrl)
 
     def ring_consts(self) -> dict:
         ring = self.ring
-        return dict(NREQ=ring.n_requests, PW=ring.payload_words, ROWS_AT=ring.rows_offset, MAX_B=ring.max_batch)
+        rw = ring.rows_per_entry * ring.width
+        return dict(NREQ=ring.n_requests, PW=ring.payload_words, ROWS_AT=ring.rows_offset, MAX_B=ring.max_batch,
+                    INL=ring.inline_entries, RW=rw, RB=triton.next_power_of_2(max(1, ring.inline_entries * rw)))
 
 
 # --------------------------------------------------------------------------- the floor
 
 
 @triton.jit
-def _floor_kernel(hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_ptr, ctrl_ptr, time_ptr, NREQ: tl.constexpr,
-                  PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr, OUT_C: tl.constexpr,
+def _floor_kernel(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, out_ptr, ctrl_ptr,
+                  time_ptr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
+                  INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, OUT_C: tl.constexpr,
                   TIMING: tl.constexpr, TSLOTS: tl.constexpr):
     """Request in, answer out, through the same polling and payload as the model kernels:
     answers each request with out[k, 0, 0:3] = seq, slots[0], positions[0] (as floats)."""
     r = tl.load(ctrl_ptr + _CTRL_DONE, volatile=True) * 0  # int64 zero (the host cleared the ring)
     running = 1
     while running == 1:
-        kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
+        kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr,
+                                     r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
         if kind != _KIND_STOP:
             _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
             slots, positions, rows = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
@@ -666,8 +753,12 @@ def _floor_kernel(hdr_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, out_ptr, ctrl_ptr, ti
 class FloorKernel(PersistentKernel):
     """The floor of the request path: one program, no model (see `_floor_kernel`)."""
 
-    def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False) -> None:
+    def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False,
+                 inline_entries: int = 0) -> None:
+        """inline_entries: steps of at most this many entries go inline (`RequestRing.enable_inline`):
+        the floor of that path."""
         super().__init__(ring, device, timing=timing)
+        ring.enable_inline(inline_entries)
 
     @property
     def programs(self) -> int:

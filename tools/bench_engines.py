@@ -143,12 +143,15 @@ def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> 
 
 def floor(steps: int, transport: str) -> dict:
     """The trivial persistent kernel behind the request ring, per transport (kernels/persistent.py):
-    "fenced" is the engine's, "dma" copies the header too, "pinned" polls and reads pinned host
-    memory in place (the floor the issue quotes)."""
+    "fenced" (the header written once the payload copy completed), "dma" (the engine's: the copy
+    graph moves the payload, then the header), "dma inline" (the engine's for small steps: the
+    lead reads them from the pinned slot, no copy graph), "pinned" (polls and reads pinned host
+    memory in place: the floor the issue quotes)."""
     from hft_infer.kernels.persistent import FloorKernel, RequestRing
 
+    transport, _, inline = transport.partition(" ")
     ring = RequestRing(64, n_requests=4, device="cuda", transport=transport)
-    k = FloorKernel(ring, "cuda", timing=True)
+    k = FloorKernel(ring, "cuda", timing=True, inline_entries=1 if inline else 0)
     k.precompile()
     k.start()
     out = np.empty(steps, dtype=np.int64)
@@ -208,7 +211,7 @@ def main() -> int:
     gaps = [float(g) for g in a.gaps.split(",")]
     models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = [{"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent", "batch": 1}
-            | floor(steps, t) for t in ("fenced", "dma", "pinned")]
+            | floor(steps, t) for t in ("fenced", "dma", "dma inline", "pinned")]
     print(table(HEADERS, [_row(r) for r in rows]), flush=True)  # each row as it is measured: a timeout keeps them
     warps = [int(w) for w in a.persistent_warps.split(",") if w.strip()]
     variants = []

@@ -42,6 +42,7 @@ from hft_infer.kernels.mlp import mlp_step_reference, prepare_mlp_weights
 from hft_infer.kernels.mlp_persistent import MlpPersistent
 from hft_infer.kernels.persistent import (
     CTRL_DONE,
+    INLINE_BIT,
     KIND_RESET,
     KIND_STEP,
     LINE,
@@ -88,6 +89,28 @@ def test_ring_words_and_flow_control(transport):
     assert ring.stop_d[0] == 0 and ring.hdr_d[0] == 0 and ring.seq == 0
 
 
+def test_ring_inline_grants_and_words():
+    # granted: a power of two, at most max_batch and INLINE_MAX_BYTES of rows (lstm_a: 168 B an entry -> 3 -> 2)
+    assert RequestRing(8, width=42).enable_inline(8) == 2
+    assert RequestRing(1, width=42).enable_inline(2) == 1
+    assert RequestRing(8, rows_per_entry=32, width=42).enable_inline(2) == 0  # an MLP's window: 5 KB an entry
+    assert RequestRing(8, width=42, transport="pinned").enable_inline(2) == 0  # read in place already
+    assert RequestRing(8, width=42, transport="fenced").enable_inline(2) == 0
+    with pytest.raises(ValueError):
+        RequestRing(8, width=42).enable_inline(-1)
+    ring = RequestRing(4, width=3, n_requests=4)
+    assert ring.enable_inline(2) == 2
+    slots, positions = ring.request_views(0)
+    slots[0], positions[0] = 5, 9
+    ring.submit(1, KIND_STEP)
+    # inline: the pinned header only, flagged; neither the device header nor the device payload is written
+    assert ring.hdr_h[0] == 1 | (1 << 32) | INLINE_BIT and ring.hdr_d[0] == 0 and ring.device_ints()[0, 0] == 0
+    ring.submit(3, KIND_STEP)  # above the inline entries: the copy, then both headers as before
+    assert ring.hdr_h[LINE] == 2 | (3 << 32) and ring.hdr_d[LINE] == ring.hdr_h[LINE]
+    ring.submit(1, KIND_RESET)  # resets never go inline (the kernels fetch inline steps only)
+    assert ring.hdr_d[2 * LINE] == 3 | (1 << 32) | (KIND_RESET << 48)
+
+
 def test_persistent_refused_off_x86(monkeypatch):
     import platform
 
@@ -97,10 +120,13 @@ def test_persistent_refused_off_x86(monkeypatch):
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu")])
-def test_floor_answers_in_order(device):
+@pytest.mark.parametrize("inline", [0, 1])
+def test_floor_answers_in_order(device, inline):
+    """inline 1: the requests of one entry go inline (the lead reads the pinned slot), the others by copy."""
     require_device(device)
     ring = RequestRing(4, n_requests=4)
-    floor = FloorKernel(ring, device)
+    floor = FloorKernel(ring, device, inline_entries=inline)
+    assert ring.inline_entries == inline
     for rnd in range(2):
         ring.clear()
         ring.out.fill_(float("nan"))
@@ -260,6 +286,8 @@ def test_persistent_matches_references(case: Case):
         assert model.kernel.wide_reason == "in use" and model.kernel.wide_rows == 2 * case.window
     if case.family == "window":  # requests of one instrument and the sink (2 entries) take the emitted pass
         assert model.kernel.emit_reason == "in use" and model.kernel.emit_entries == 2
+    if case.family != "mlp":  # and steps of one or two entries go inline (the lead reads the pinned slot)
+        assert model.kernel.inline_entries == 2 and model.ring.inline_entries == 2
     sink = model.n_slots - 1
     nxt = {s: 0 for s in range(case.n_inst)}
     tol = TOL[case.precision]
