@@ -20,8 +20,10 @@ measured (a timeout keeps what was done); `--models lstm_a/window,...` and
 `--engines graph` pick a subset.
 
 Also in the same run, for comparison: the floor (a trivial persistent kernel
-behind the same request ring: request in, answer out), both through the ring's
-DMA path that the model kernels use and polling pinned host memory in place,
+behind the same request ring: request in, answer out) through each of the ring's
+paths -- fenced, the DMA copy graph, "dma inline" (small steps read by the lead
+from the pinned slot: the LSTM engines' path for one or two entries), and polling
+pinned host memory in place --
 and, for the persistent engines, the device time of each request (the kernel's
 own stamps, detect -> done release).
 

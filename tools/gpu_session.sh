@@ -176,7 +176,10 @@
 #                                          # wave43c: wave43b with the host's parts of each step (~500 s);
 #                                          # wave43d: wave43c in ~420 s (batch 1's sweep, this tree's rows only);
 #                                          # wave43e: this tree's batch-1 rows, then the landing tests (~370 s);
-#                                          # wave43f: wave43d without the tests, mlp_small's row too (~150 s)
+#                                          # wave43f: wave43d without the tests, mlp_small's row too (~150 s);
+#                                          # wave44: landing next/head-early + next/inline-small -- the landing
+#                                          # and persistent kernel tests, then lstm_a's sweep (phases) and the
+#                                          # engine rows with their parts against BASE_TGZ's (~560 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2008,6 +2011,17 @@ elif [ "$phase" = wave43d ] || [ "$phase" = wave43e ] || [ "$phase" = wave43f ];
   [ "$phase" != wave43f ] && gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   summarize
   verbatim sweep_emit engines_new1 gpu_tests
+elif [ "$phase" = wave44 ]; then
+  gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+       --batches 1,2 --geometries 4/0/4/0/32 --emit 2 --json "$WORK/sweep_emit.json"
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window,mlp_small/window --batches 1,2)
+  step engines_new1 70 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  summarize
+  verbatim gpu_tests sweep_emit engines_new1 engines_base1
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
