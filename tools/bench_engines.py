@@ -7,11 +7,12 @@ Each engine is built by `hft_infer.runner.select.build_runtime` from a config,
 exactly as `serve` builds it (pinned host feature ring, warm-up, capture or
 kernel start). A step is: write the batch's slots/positions into the engine's
 request buffer, `submit`, spin on `poll`, `collect` -- host-observed, timed
-with perf_counter_ns. Rows are random positive books already in the ring. Steps run back to
-back by default; `--gaps 0,40` also times each row with 40 µs idle between steps (rows
-"ENGINE gap40"): a kernel that answers before it has finished a request's work (the persistent
-LSTM's emitted pass) is still busy when the next request comes back to back, so the two figures
-are its throughput-bound and its idle latency.
+with perf_counter_ns, and in parts (submit, wait, collect: a table of their medians at the
+end). Rows are random positive books already in the ring. Steps run back to back by default;
+`--gaps 0,40` also times each row with 40 µs idle between steps (rows "ENGINE gap40"): a kernel
+that answers before it has finished a request's work (the persistent LSTM's emitted pass) may
+still be busy when the next request comes back to back, and the gap rows show whether that costs
+anything (for lstm_a at batch 1 it did not: BENCHMARKS.md wave 43).
 
 Each engine is self-checked against the CPU engine first (runner/self_check.py),
 as serve does; one that fails is built again with the check off so that its
@@ -112,9 +113,7 @@ def recheck(eng, rt, preset: str, mode: str, precision: str) -> str:
 def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Host ns of each step (submit -> collect), and of its parts [steps, 3]: submit (the gather
     and the launch or ring write), the wait (spinning on poll), collect. gap_us > 0: spin that long
-    after each collect before the next submit (untimed), so that a request finds the engine idle --
-    a persistent kernel that answers before it finishes its work (the emitted pass) is otherwise
-    still busy with the previous request when the next one arrives back to back."""
+    after each collect before the next submit (untimed), so that a request finds the engine idle."""
     out = np.empty(steps, dtype=np.int64)
     parts = np.empty((steps, 3), dtype=np.int64)
     slots_all = np.arange(batch) % N_SLOTS

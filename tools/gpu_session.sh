@@ -173,13 +173,12 @@
 #                                          # wave43b: the emitted pass's exchange as tagged words: lstm_a's
 #                                          # sweep on / off by phase, the engine rows back to back and 40 µs
 #                                          # apart against BASE_TGZ's, then the landing tests (~540 s);
-#                                          # wave43c: wave43b with the host's parts of each step (~500 s);
-#                                          # wave43d: wave43c in ~420 s (batch 1's sweep, this tree's rows only);
-#                                          # wave43e: this tree's batch-1 rows, then the landing tests (~370 s);
-#                                          # wave43f: wave43d without the tests, mlp_small's row too (~150 s);
-#                                          # wave44: landing next/head-early + next/inline-small -- the landing
-#                                          # and persistent kernel tests, then lstm_a's sweep (phases) and the
-#                                          # engine rows with their parts against BASE_TGZ's (~560 s)
+#                                          # wave43f: lstm_a's batch-1 sweep on / off, then this tree's batch-1
+#                                          # engine rows (lstm_a, mlp_small) with the host's parts, no tests
+#                                          # (~150 s); wave44: landing next/head-early + next/inline-small --
+#                                          # the landing and persistent kernel tests, then lstm_a's sweep
+#                                          # (phases) and the engine rows with their parts against BASE_TGZ's
+#                                          # (~560 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -1990,7 +1989,7 @@ elif [ "$phase" = wave43 ]; then
   engines_pair 1 lstm_a/window 90 1,2,64
   summarize
   verbatim gpu_tests engines_new1 engines_base1
-elif [ "$phase" = wave43b ] || [ "$phase" = wave43c ]; then
+elif [ "$phase" = wave43b ]; then
   step sweep_emit 70 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
        --batches 1,2 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
   setup_base
@@ -2001,16 +2000,13 @@ elif [ "$phase" = wave43b ] || [ "$phase" = wave43c ]; then
   gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   summarize
   verbatim sweep_emit engines_new1 engines_base1 gpu_tests
-elif [ "$phase" = wave43d ] || [ "$phase" = wave43e ] || [ "$phase" = wave43f ]; then
-  [ "$phase" != wave43e ] && step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+elif [ "$phase" = wave43f ]; then
+  step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
        --batches 1 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
-  models=lstm_a/window
-  [ "$phase" = wave43f ] && models=lstm_a/window,mlp_small/window  # the mailbox word serves the MLP too
-  step engines_new1 80 taskset -c 2 $PY tools/bench_engines.py --quick --engines persistent --models $models \
-       --batches 1 --gaps 0,40 --json "$WORK/engines_new1.json"
-  [ "$phase" != wave43f ] && gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step engines_new1 80 taskset -c 2 $PY tools/bench_engines.py --quick --engines persistent \
+       --models lstm_a/window,mlp_small/window --batches 1 --gaps 0,40 --json "$WORK/engines_new1.json"
   summarize
-  verbatim sweep_emit engines_new1 gpu_tests
+  verbatim sweep_emit engines_new1
 elif [ "$phase" = wave44 ]; then
   gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \

@@ -37,11 +37,12 @@ def compiled_mode(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
-def _kernel(phases: bool = False, timing: bool = True, case: str = "lstm_a", **kw) -> LstmPersistent:
+def _kernel(phases: bool = False, timing: bool = True, case: str = "lstm_a", max_batch: int = 8,
+            **kw) -> LstmPersistent:
     """A persistent kernel built on the CPU (never started) from the engine's own (`kw`: LstmPersistent's
     other options; without `wide`, the engine's wide weights if it has them)."""
-    kstep = cpu_kernel_step(case, 8)
-    ring = PersistentEngine.request_ring(kstep, max_batch=8, max_inflight=2)
+    kstep = cpu_kernel_step(case, max_batch)
+    ring = PersistentEngine.request_ring(kstep, max_batch=max_batch, max_inflight=2)
     k = kstep.persistent(ring, max_programs=kw.pop("max_programs", SMS))
     kw.setdefault("wide", k.wide)
     return LstmPersistent(k.w, ring, k.h.shape[0], k.thresholds, k.held, window=k.states if k.window_mode else None,
@@ -162,10 +163,7 @@ def test_the_engine_answers_small_window_requests_from_the_emitted_pass(compiled
     assert k.emit_h.numel() == k.w.layers * EMIT_ENTRIES * k.w.hidden
     assert _kernel(emit_entries=8).emit_entries == 8  # up to the ring's batch (8 here) ...
     assert _kernel(emit_entries=16).emit_entries == 8  # ... and no further
-    kstep = cpu_kernel_step("lstm_a", 6)
-    ring6 = PersistentEngine.request_ring(kstep, max_batch=6, max_inflight=2)
-    six = LstmPersistent(kstep.w, ring6, 9, kstep.thresholds, kstep.held, window=50, max_programs=SMS, emit_entries=8)
-    assert six.emit_entries == 4  # a batch of 6: the largest power of two it holds
+    assert _kernel(max_batch=6, emit_entries=8).emit_entries == 4  # a batch of 6: the largest power of two it holds
 
 
 def test_no_emitted_pass_where_it_cannot_serve(compiled_mode):
