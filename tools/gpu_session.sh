@@ -178,7 +178,9 @@
 #                                          # (~150 s); wave44: landing next/head-early + next/inline-small --
 #                                          # the landing and persistent kernel tests, then lstm_a's sweep
 #                                          # (phases) and the engine rows with their parts against BASE_TGZ's
-#                                          # (~560 s)
+#                                          # (~560 s); wave44b: the inline path back to back and 40 µs
+#                                          # apart against BASE_TGZ's (lstm_a 1, 2), then lstm_b 1 and
+#                                          # lstm_a 64 both ways (~320 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2018,6 +2020,16 @@ elif [ "$phase" = wave44 ]; then
        "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
   summarize
   verbatim gpu_tests sweep_emit engines_new1 engines_base1
+elif [ "$phase" = wave44b ]; then
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
+  step engines_new1 80 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  step engines_wide 150 taskset -c 2 $PY tools/bench_engines.py --quick --engines persistent \
+       --models lstm_b/window,lstm_a/window --batches 1,64 --gaps 0,40 --json "$WORK/engines_wide.json"
+  summarize
+  verbatim engines_new1 engines_base1 engines_wide
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
