@@ -180,7 +180,12 @@
 #                                          # (phases) and the engine rows with their parts against BASE_TGZ's
 #                                          # (~560 s); wave44b: the inline path back to back and 40 µs
 #                                          # apart against BASE_TGZ's (lstm_a 1, 2), then lstm_b 1 and
-#                                          # lstm_a 64 both ways (~320 s)
+#                                          # lstm_a 64 both ways (~320 s); wave44c: the lead takes the
+#                                          # next request before it waits for the full pass -- the landing
+#                                          # and persistent kernel tests, then lstm_a and lstm_b at 1, 2
+#                                          # back to back and 40 µs apart against BASE_TGZ's (~560 s;
+#                                          # run at branch next/take-early); wave44d: gpu.toml at 10k
+#                                          # with the floor, persistent then graph (~170 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2030,6 +2035,23 @@ elif [ "$phase" = wave44b ]; then
        --models lstm_b/window,lstm_a/window --batches 1,64 --gaps 0,40 --json "$WORK/engines_wide.json"
   summarize
   verbatim engines_new1 engines_base1 engines_wide
+elif [ "$phase" = wave44c ]; then
+  gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window,lstm_b/window --batches 1,2
+        --gaps 0,40)
+  step engines_new1 110 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 110 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave44d ]; then
+  # the service end to end at 10k events/s over the persistent engine's inline path, beside graph (gpu.toml)
+  bench gpu_10k_persistent 80 -c configs/gpu.toml --set 'runner.engine="persistent"' --with-floor \
+        --rate 10000 --duration 3 --warmup 1
+  bench gpu_10k 80 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  summarize
+  verbatim gpu_10k_persistent gpu_10k
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
