@@ -186,7 +186,7 @@
 #                                          # back to back and 40 µs apart against BASE_TGZ's (~560 s;
 #                                          # run at branch next/take-early); wave44d: gpu.toml at 10k
 #                                          # with the floor, persistent then graph (~170 s); wave44e: the
-#                                          # same, then both at 100k (~190 s)
+#                                          # same, then both at 100k (~340 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2054,12 +2054,13 @@ elif [ "$phase" = wave44d ]; then
   summarize
   verbatim gpu_10k_persistent gpu_10k
 elif [ "$phase" = wave44e ]; then
-  # wave44d again, then both engines at 100k (is the persistent engine ahead end to end? auto picks graph)
+  # wave44d again, then both engines at 100k (is the persistent engine ahead end to end? auto picks graph);
+  # each bench needs ~45 s warm and more on a fresh machine (its kernels compile): 45 s steps all timed out
   P=(--set 'runner.engine="persistent"')
-  bench gpu_10k_persistent 45 -c configs/gpu.toml "${P[@]}" --with-floor --rate 10000 --duration 3 --warmup 1
-  bench gpu_10k 45 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
-  bench gpu_100k_persistent 45 -c configs/gpu.toml "${P[@]}" --with-floor --rate 100000 --duration 2 --warmup 1
-  bench gpu_100k 45 -c configs/gpu.toml --with-floor --rate 100000 --duration 2 --warmup 1
+  bench gpu_10k_persistent 85 -c configs/gpu.toml "${P[@]}" --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_10k 85 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
+  bench gpu_100k_persistent 85 -c configs/gpu.toml "${P[@]}" --with-floor --rate 100000 --duration 2 --warmup 1
+  bench gpu_100k 85 -c configs/gpu.toml --with-floor --rate 100000 --duration 2 --warmup 1
   summarize
   verbatim gpu_10k_persistent gpu_10k gpu_100k_persistent gpu_100k
 elif [ "$phase" = wave40d ]; then
