@@ -9,7 +9,7 @@ the service's persistent engine over the self-check stream in batches of one and
 self-check cuts it, under variants of the ring's submit, each against the CPU engine:
 
   graph          as served: one captured graph copies payload, then the header word (steps of
-                 one or two entries go inline for the LSTMs since next/inline-small: the lead
+                 one or two entries go inline for the LSTMs since wave 44 (83d768c): the lead
                  reads them from the pinned slot; the variants below replace submit whole)
   graph+sync     the same, then the host waits for the copy stream (timing only)
   split+sync     payload copy, host waits for it, then the header copy (the header cannot
