@@ -146,12 +146,14 @@ def floor(steps: int, transport: str) -> dict:
     """The trivial persistent kernel behind the request ring, per transport (kernels/persistent.py):
     "fenced" (the header written once the payload copy completed), "dma" (the engine's: the copy
     graph moves the payload, then the header), "dma inline" (the engine's for small steps: the
-    lead reads them from the pinned slot, no copy graph), "pinned" (polls and reads pinned host
-    memory in place: the floor the issue quotes)."""
+    lead reads them from the pinned slot, no copy graph; "dma inline 168 B": with a row of that many
+    bytes an entry, lstm_a's, where the others carry 4 -- what the row's PCIe reads cost the lead),
+    "pinned" (polls and reads pinned host memory in place: the floor the issue quotes)."""
     from hft_infer.kernels.persistent import FloorKernel, RequestRing
 
     transport, _, inline = transport.partition(" ")
-    ring = RequestRing(64, n_requests=4, device="cuda", transport=transport)
+    row_bytes = int(inline.split()[1]) if len(inline.split()) > 1 else 4
+    ring = RequestRing(64, width=row_bytes // 4, n_requests=4, device="cuda", transport=transport)
     k = FloorKernel(ring, "cuda", timing=True, **({"inline_entries": 1} if inline else {}))
     k.precompile()
     k.start()
@@ -212,7 +214,7 @@ def main() -> int:
     gaps = [float(g) for g in a.gaps.split(",")]
     models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = []
-    for t in ("fenced", "dma", "dma inline", "pinned"):
+    for t in ("fenced", "dma", "dma inline", "dma inline 168 B", "pinned"):
         try:
             rows.append({"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent",
                          "batch": 1} | floor(steps, t))

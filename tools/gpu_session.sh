@@ -186,7 +186,8 @@
 #                                          # back to back and 40 µs apart against BASE_TGZ's (~560 s;
 #                                          # run at branch next/take-early); wave44d: gpu.toml at 10k
 #                                          # with the floor, persistent then graph (~170 s); wave44e: the
-#                                          # same, then both at 100k (~340 s)
+#                                          # same, then both at 100k, then bench_engines' floors with the
+#                                          # inline row of 168 bytes and lstm_a b=1 (~430 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2061,8 +2062,11 @@ elif [ "$phase" = wave44e ]; then
   bench gpu_10k 85 -c configs/gpu.toml --with-floor --rate 10000 --duration 3 --warmup 1
   bench gpu_100k_persistent 85 -c configs/gpu.toml "${P[@]}" --with-floor --rate 100000 --duration 2 --warmup 1
   bench gpu_100k 85 -c configs/gpu.toml --with-floor --rate 100000 --duration 2 --warmup 1
+  # the floors again, the inline one also with lstm_a's 168-byte row (what the row's PCIe reads cost)
+  step engines_floor 90 taskset -c 2 $PY tools/bench_engines.py --quick --engines persistent --models lstm_a/window \
+       --batches 1 --gaps 0,40 --json "$WORK/engines_floor.json"
   summarize
-  verbatim gpu_10k_persistent gpu_10k gpu_100k_persistent gpu_100k
+  verbatim gpu_10k_persistent gpu_10k gpu_100k_persistent gpu_100k engines_floor
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
