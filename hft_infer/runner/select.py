@@ -3,8 +3,9 @@
 `engine = "auto"` takes the graph engine where CUDA works, else eager. A
 custom `model.module` runs on the torch step (models/custom.py on the CPU,
 runner/torch_step.py in CUDA graphs on a GPU); the fused kernels serve the
-built-in families. The persistent engine runs only when configured: it is right since 08b885d but
-slower than the graph engine at every preset and batch measured on the H200 host (BENCHMARKS.md, wave 6).
+built-in families. The persistent engine runs only when configured: it is right since 08b885d, slower
+than the graph engine for the MLP and at batch 64, faster for the LSTMs' requests of one or two windows
+since waves 42-44 (BENCHMARKS.md: one end-to-end run at 10k events/s, not yet enough for a default).
 Every GPU engine is checked against the CPU
 engine before it serves (runner.self_check, runner/self_check.py), and `auto` refuses one that is right but
 more than SPEED_MARGIN times slower than the CPU engine on that stream (measured on the H200 host: the graph
@@ -147,8 +148,8 @@ def _gpu(cfg: Config, model, version: str, n_slots: int, depth: int, device: str
     if custom and wanted == "persistent":
         raise ConfigError("runner.engine = \"persistent\" runs the fused kernels of the built-in mlp/lstm "
                           "families; a custom model.module runs on \"graph\" (or \"auto\") or \"eager\"")
-    # auto leaves the persistent engine out: measured slower than graph at every preset and batch
-    # on the H200 host (BENCHMARKS.md, wave 6); `engine = "persistent"` runs it, self-checked
+    # auto leaves the persistent engine out: slower than graph for the MLP and at batch 64, ahead for the
+    # LSTMs' small requests only since wave 44 (BENCHMARKS.md); `engine = "persistent"` runs it, self-checked
     order = ["graph", "eager"] if wanted == "auto" else [wanted]
     refused: list[str] = []
     r = cfg.runner
