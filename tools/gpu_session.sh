@@ -187,7 +187,9 @@
 #                                          # run at branch next/take-early); wave44d: gpu.toml at 10k
 #                                          # with the floor, persistent then graph (~170 s); wave44e: the
 #                                          # same, then both at 100k, then bench_engines' floors with the
-#                                          # inline row of 168 bytes and lstm_a b=1 (~430 s)
+#                                          # inline row of 168 bytes and lstm_a b=1 (~430 s); wave44f:
+#                                          # issue 19's floor and lstm_a persistent over iceoryx2 and
+#                                          # ZeroMQ at 10k, then 100k (~340 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2067,6 +2069,14 @@ elif [ "$phase" = wave44e ]; then
        --batches 1 --gaps 0,40 --json "$WORK/engines_floor.json"
   summarize
   verbatim gpu_10k_persistent gpu_10k gpu_100k_persistent gpu_100k engines_floor
+elif [ "$phase" = wave44f ]; then
+  # issue 19's rows with the persistent engine's inline path (wave 44): the floor and lstm_a persistent over
+  # iceoryx2 and ZeroMQ at 10k, then 100k (the runs compile on a fresh machine: 90 s a run)
+  step shm 330 env BUDGET_S=320 RUN_CAP_S=90 RUNS="floor persistent" ORDER="floor:iceoryx2:10000 \
+       persistent:iceoryx2:10000 floor:zmq:10000 persistent:zmq:10000 floor:iceoryx2:100000 \
+       persistent:iceoryx2:100000" bash tools/bench_shm.sh "$WORK/shm"
+  summarize
+  verbatim shm
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
