@@ -20,6 +20,12 @@ has read r+1's partials: one mailbox and one partial buffer serve all. Weights: 
 loads, resident in each program's L1 after the first request (see lstm_persistent.py); the
 window rows and partials: volatile loads, never pipelined (kernels/persistent.py, NUM_STAGES);
 the grid is (H1P / block_n) x ksplit programs (mlp_small: 4 x 11 = 44 SMs), all resident.
+
+`MlpPersistent(phases=True)` (with timing; a diagnostic build, never the engine's) also stamps the
+broadcast, the lead's own partials, the count's completion and the last program's sight of the
+mailbox (PHASE_STAMPS): where a request's device time goes, by
+`tools/sweep_persistent_geometry.py --models mlp_small`. With phases off the compiled kernel is the
+same instructions as without the stamps (PHASES and NST are constexprs).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ def _mlp_persistent_kernel(
     NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr, INL: tl.constexpr,
     RW: tl.constexpr, RB: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, OUT_C: tl.constexpr,
-    TIMING: tl.constexpr, TSLOTS: tl.constexpr,
+    TIMING: tl.constexpr, TSLOTS: tl.constexpr, NST: tl.constexpr, PHASES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -72,10 +78,15 @@ def _mlp_persistent_kernel(
             kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr,
                                          pay_h_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
             if (kind == _STEP) | (kind == _RESET):
-                _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
+                _stamp(time_ptr, (r % TSLOTS) * NST, TIMING)
             _broadcast(sync_ptr, r, kind, n)
+            if PHASES:
+                _stamp(time_ptr, (r % TSLOTS) * NST + 2, TIMING)
         else:
             kind, n = _wait_broadcast(sync_ptr, r)
+            if PHASES:
+                if pid == nprog - 1:
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 5, TIMING)
         slots_ptr, pos_ptr, rows_ptr = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
         if kind == _STEP:
             for bt in range(0, tl.cdiv(n, BLOCK_B)):
@@ -84,11 +95,16 @@ def _mlp_persistent_kernel(
                              w1_ptr, part_ptr, F, W, H1P, BN, BK, NCHUNK, CPS, BLOCK_B, False, True,
                              PREC, BF16, UPCAST, True)
         if (kind == _STEP) | (kind == _RESET):
+            if PHASES:
+                if lead:
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 3, TIMING)
             # every program arrives for every request, resets included: the lead publishes the
             # next request only once all of them have read this one's mailbox
             _arrive(cnt_ptr)
             if lead:
                 _wait_count(cnt_ptr, nprog * (r + 1))
+                if PHASES:
+                    _stamp(time_ptr, (r % TSLOTS) * NST + 4, TIMING)
                 if kind == _STEP:
                     o = out_h_ptr + (r % NREQ) * (MAX_B * OUT_C)
                     for bt in range(0, tl.cdiv(n, BLOCK_B)):
@@ -102,12 +118,19 @@ def _mlp_persistent_kernel(
                         hs = tl.load(slots_ptr + bb, mask=bb < n, other=0, volatile=True)
                         tl.store(held_ptr + hs, tl.zeros([16], dtype=tl.int32).to(held_ptr.dtype.element_ty),
                                  mask=bb < n)
-                _stamp(time_ptr, (r % TSLOTS) * 2 + 1, TIMING)
+                _stamp(time_ptr, (r % TSLOTS) * NST + 1, TIMING)
                 _release_done(ctrl_ptr, r + 1)
         if (kind == _STEP) | (kind == _RESET):
             r += 1
         else:
             running = 0
+
+
+PHASE_STAMPS = ("detect", "done", "broadcast", "lead's partials", "all arrived", "last program sees it")
+"""The names of a request's device stamps in a `phases` build, in their order in `times`
+(PersistentKernel.device_stamps_ns): the lead's -- the request seen, the answer released, the
+request published, its own layer-1 partials done, every program's arrival seen (then the finish:
+layers 2..3 and the decision, up to "done") -- then the last program's sight of the mailbox."""
 
 
 class MlpPersistent(PersistentKernel):
@@ -117,9 +140,13 @@ class MlpPersistent(PersistentKernel):
     the instrument's first). thresholds float32 [2], held int8/int32 [n_slots] on the device."""
 
     def __init__(self, w: MlpWeights, ring: RequestRing, thresholds: torch.Tensor, held: torch.Tensor, *,
-                 num_warps: int = 4, timing: bool = False) -> None:
+                 num_warps: int = 4, timing: bool = False, phases: bool = False) -> None:
         dev = w.w1.device
-        super().__init__(ring, dev, timing=timing)
+        # phases (with timing): the lead also stamps the broadcast, its own partials and the count's
+        # completion, and the last program the broadcast's arrival (PHASE_STAMPS); a diagnostic build
+        # (tools/sweep_persistent_geometry.py), never the engine's
+        super().__init__(ring, dev, timing=timing, stamps=len(PHASE_STAMPS) if phases else 2)
+        self.phases = phases and self.timing
         if ring.rows_per_entry != w.window or ring.width != w.features:
             raise ValueError(f"the ring carries {ring.rows_per_entry} rows of {ring.width} per entry; the MLP "
                              f"reads windows of {w.window} rows of {w.features}")
@@ -146,7 +173,8 @@ class MlpPersistent(PersistentKernel):
                      BN=w.bn, BK=w.bk, NCHUNK=w.nchunk, KSPLIT=w.ksplit, CPS=w.cps, BLOCK_B=self.block_b,
                      BK1=min(32, w.h1p), **self.ring_consts(),
                      PREC=prec, BF16=bf16, UPCAST=bf16 and interpreting(), OUT_C=OUT_COLS,
-                     TIMING=self.timing, TSLOTS=self.time_slots, num_warps=self.num_warps,
+                     TIMING=self.timing, TSLOTS=self.time_slots, NST=self.stamps, PHASES=self.phases,
+                     num_warps=self.num_warps,
                      num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:

@@ -4,6 +4,7 @@ for loads that can read stale request data (no GPU needed: Triton's bundled ptxa
     python tools/check_persistent_asm.py [--arch 90] [--sms 132] [--cases mlp_small,lstm_a/stream:bf16]
     python tools/check_persistent_asm.py --num-stages 3     # shows what the check catches
     python tools/check_persistent_asm.py --loops            # also the SASS loops that hold volatile loads
+    python tools/check_persistent_asm.py --cases mlp_small --phases   # the MLP's diagnostic phases build
 
 Why: a persistent kernel reads each request from memory that the copy engine and the other
 programs rewrite while it runs, so every such load must be coherent (volatile, served by L2).
@@ -20,6 +21,11 @@ its caller's line; an outer loop counts its inner loops' loads too): the next it
 issue after this one's uses, so a loop of k iterations costs k dependent L2 round trips at least
 (wave 38: the LSTM's loops over K chunks, one trip per 32 columns of each operand, and the MLP
 finish's loop over its 11 splits were the kernels' longest dependent chains).
+
+--phases compiles the MLP cases' diagnostic build instead (`MlpPersistent(timing=True, phases=True)`,
+the one tools/sweep_persistent_geometry.py times): the same check, and its `%globaltimer` reads (six:
+mlp_persistent.PHASE_STAMPS) in the "timer" column, which is 0 for the engine's builds. The LSTMs'
+phases builds are not rebuilt here (the sweep compiles them on the GPU host).
 
 TRITON_INTERPRET must be unset (the interpreter's kernels do not compile).
 """
@@ -51,6 +57,14 @@ def build_kernel(case: str, sms: int):
     kstep = cpu_kernel_step(case, MAX_BATCH)
     ring = PersistentEngine.request_ring(kstep, max_batch=MAX_BATCH, max_inflight=MAX_INFLIGHT)
     return kstep.persistent(ring, max_programs=sms)
+
+
+def phases_build(kernel):
+    """The diagnostic phases build of an MLP kernel as the engine builds it (`build_kernel`)."""
+    from hft_infer.kernels.mlp_persistent import MlpPersistent
+
+    return MlpPersistent(kernel.w, kernel.ring, kernel.thresholds, kernel.held, num_warps=kernel.num_warps,
+                         timing=True, phases=True)
 
 
 def volatile_loops(cubin: bytes) -> list[tuple[str, int]]:
@@ -90,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="compile with this many pipeline stages instead of the launch's own")
     ap.add_argument("--loops", action="store_true",
                     help="list the SASS loops that hold volatile loads (dependent L2 round trips)")
+    ap.add_argument("--phases", action="store_true",
+                    help="compile the MLP cases' diagnostic phases build instead of the engine's (MLP cases only)")
     args = ap.parse_args(argv)
+    if args.phases and any(c.split(":")[0].split("/")[0] not in ("mlp_small",) for c in args.cases.split(",") if c):
+        ap.error(f"--phases: MLP cases only (mlp_small[:precision]), got {args.cases!r}")
     if not ready_to_compile("check_persistent_asm"):
         return 2
     if args.sms < 1:
@@ -99,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
     options = {} if args.num_stages is None else {"num_stages": args.num_stages}
     failed = 0
-    print(f"{'kernel':24s} {'programs':>8s} {'volatile ld':>11s} {'compile s':>9s}  problems")
-    kernels = build_cases("check_persistent_asm", args.cases, lambda case: build_kernel(case, args.sms))
+    print(f"{'kernel':24s} {'programs':>8s} {'volatile ld':>11s} {'timer':>5s} {'compile s':>9s}  problems")
+    build = ((lambda case: phases_build(build_kernel(case, args.sms))) if args.phases
+             else (lambda case: build_kernel(case, args.sms)))
+    kernels = build_cases("check_persistent_asm", args.cases, build)
     if kernels is None:
         return 2
     for case, kernel in kernels:
@@ -109,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         ptx = asm["ptx"]
         problems = asm_problems(ptx)
         failed += bool(problems)
-        print(f"{case:24s} {kernel.programs:8d} {ptx.count('ld.volatile.global'):11d} "
+        print(f"{case:24s} {kernel.programs:8d} {ptx.count('ld.volatile.global'):11d} {ptx.count('%globaltimer'):5d} "
               f"{time.perf_counter() - t0:9.1f}  {'; '.join(problems) or 'none'}", flush=True)
         if args.loops:
             for at, n in volatile_loops(asm["cubin"]):

@@ -189,7 +189,9 @@
 #                                          # same, then both at 100k, then bench_engines' floors with the
 #                                          # inline row of 168 bytes and lstm_a b=1 (~430 s); wave44f:
 #                                          # issue 19's floor and lstm_a persistent over iceoryx2 and
-#                                          # ZeroMQ at 10k, then 100k (~340 s)
+#                                          # ZeroMQ at 10k, then 100k (~340 s); wave45m (branch
+#                                          # next/mlp-phases): the landing and persistent kernel tests,
+#                                          # then the persistent MLP's phases by geometry (~480 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2077,6 +2079,14 @@ elif [ "$phase" = wave44f ]; then
        persistent:iceoryx2:100000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
   verbatim shm
+elif [ "$phase" = wave45m ]; then
+  # branch next/mlp-phases: its GPU tests, then where the persistent MLP's device time goes (phases by
+  # geometry: the packing's own, fewer programs with wider blocks, 8 warps)
+  gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step sweep_mlp 150 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models mlp_small \
+       --batches 1,2,8 --geometries 0/0/0/0,64/64/0/0,32/128/0/0,0/0/0/8 --json "$WORK/sweep_mlp.json"
+  summarize
+  verbatim gpu_tests sweep_mlp
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize

@@ -22,6 +22,13 @@ programs), layer k (-> the lead's share of layer k computed), barrier k (-> ever
 layer k's barrier), head (-> done released) -- and "last sees" (detect -> the last program read the
 broadcast). A last row runs the first geometry without the phase stamps: what they cost. Exits 2
 without CUDA.
+
+mlp_small (the persistent MLP, `MlpPersistent(phases=True)`): GEOMETRY = block_n/block_k/ksplit/num_warps
+(0: the packing's own -- block_n 32, block_k 64, ksplit for ~48 programs -- and 4 warps; a fifth field and
+--emit do not apply), phases: broadcast, partials (-> the lead's own layer-1 partials done), arrivals
+(-> every program's arrival seen), finish (-> done: the partials summed, layers 2..3, the decision) and
+"last sees". Sweep it on its own (`--models mlp_small --geometries 0/0/0/0`): a table's phase columns
+are the union of its rows'.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-MODELS = ("lstm_a", "lstm_b", "lstm_a_stream")
+MODELS = ("lstm_a", "lstm_b", "lstm_a_stream", "mlp_small")
 FILL_STEPS = 4  # steps of every slot before the timed ones: a geometry's speed does not depend on full windows
 
 
@@ -69,12 +76,21 @@ def parse_args(argv=None):
         ap.error(f"--emit: integers, got {a.emit!r}")
     if any(e < 0 or e & (e - 1) for e in emits):
         ap.error(f"--emit: 0 or powers of two, got {a.emit!r}")
+    if any(is_mlp(m) for m in a.models) and (emits or any(g[4] for g in a.geometries)):
+        ap.error("--emit and a geometry's fifth field (the wide tiling) apply to the LSTMs only: sweep the MLP "
+                 "on its own")
     if emits:  # a sixth field: the emitted pass's entry limit
         a.geometries = [(*g, e) for g in a.geometries for e in emits]
     return a
 
 
-def geometry_label(geo: tuple[int, ...]) -> str:
+def is_mlp(name: str) -> bool:
+    return name.startswith("mlp")
+
+
+def geometry_label(geo: tuple[int, ...], name: str = "lstm_a") -> str:
+    if is_mlp(name):
+        return " ".join(f"{n}={v or 'auto'}" for n, v in zip(("bn", "bk", "ksplit", "warps"), geo))
     names = ("bh", "bm", "warps", "progs")
     label = " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
     label += f" + wide bm={geo[4]}" if len(geo) > 4 and geo[4] else ""
@@ -96,6 +112,15 @@ def phase_medians(stamps: np.ndarray, layers: int) -> dict[str, float]:
     return {k: float(np.median(v)) / 1e3 for k, v in out.items()}
 
 
+def mlp_phase_medians(stamps: np.ndarray) -> dict[str, float]:
+    """Median µs of each phase from the rows of an MLP phases build (mlp_persistent.PHASE_STAMPS:
+    detect, done, broadcast, lead's partials, all arrived, last program sees it)."""
+    t = stamps.astype(np.int64)
+    out = {"broadcast": t[:, 2] - t[:, 0], "partials": t[:, 3] - t[:, 2], "arrivals": t[:, 4] - t[:, 3],
+           "finish": t[:, 1] - t[:, 4], "last sees": t[:, 5] - t[:, 0]}
+    return {k: float(np.median(v)) / 1e3 for k, v in out.items()}
+
+
 def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     """bench_kernels' Setup for `name`, its weights packed for the geometry's block_h and its
     `persistent` building the kernel in that geometry (with phase stamps if `phases`)."""
@@ -104,9 +129,11 @@ def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     from hft_infer.kernels.lstm import prepare_lstm_weights
     from hft_infer.kernels.lstm_persistent import LstmPersistent, pack_wide
 
+    st = Setup(name, precision, dev)
+    if st.family == "mlp":
+        return _setup_mlp(st, geo, phases, precision, dev)
     block_h, block_m, warps, programs, wide_block_m = geo[:5]
     emit = dict(emit_entries=geo[5]) if len(geo) > 5 else {}
-    st = Setup(name, precision, dev)
     if block_h and block_h != st.w.block_h:
         st.w = prepare_lstm_weights(st.params, precision=precision, device=dev, block_h=block_h)
 
@@ -121,6 +148,24 @@ def _setup(name: str, geo: tuple, phases: bool, precision: str, dev):
     return st
 
 
+def _setup_mlp(st, geo: tuple, phases: bool, precision: str, dev):
+    """`_setup` for the MLP: its weights packed for block_n / block_k / ksplit where given, the
+    kernel with num_warps (and phase stamps if `phases`)."""
+    from hft_infer.kernels.mlp import prepare_mlp_weights
+    from hft_infer.kernels.mlp_persistent import MlpPersistent
+
+    block_n, block_k, ksplit, warps = geo[:4]
+    if block_n or block_k or ksplit:
+        st.w = prepare_mlp_weights(st.params, precision=precision, device=dev, block_n=block_n or 32,
+                                   block_k=block_k or 64, ksplit=ksplit or None)
+
+    def persistent(ring, max_programs=None, timing=True):
+        return MlpPersistent(st.w, ring, st.thr, st.held, num_warps=warps or 4, timing=True, phases=phases)
+
+    st.persistent = persistent
+    return st
+
+
 def _compile_job(name: str, geo: tuple, phases: bool, precision: str) -> str:
     """Child process: compile one variant's kernel (fills Triton's disk cache for the parent)."""
     import time
@@ -130,7 +175,7 @@ def _compile_job(name: str, geo: tuple, phases: bool, precision: str) -> str:
     t0 = time.time()
     st = _setup(name, geo, phases, precision, torch.device("cuda"))
     st.persistent(st.ring()).precompile()
-    return f"{name} {geometry_label(geo)}{' phases' if phases else ''}: {time.time() - t0:.1f}s"
+    return f"{name} {geometry_label(geo, name)}{' phases' if phases else ''}: {time.time() - t0:.1f}s"
 
 
 def precompile(variants: list[tuple], precision: str) -> None:
@@ -164,19 +209,20 @@ def run_variant(name: str, geo: tuple, phases: bool, args, dev) -> list[dict]:
     for b in args.batches:
         s0, ns = lat[b]
         stamps = d.kernel.device_stamps_ns(s0, s0 + args.steps - 1)
-        row = {"model": name, "batch": b, "geometry": geometry_label(geo), "phases": phases,
-               "programs": d.kernel.programs, "block_m": d.kernel.block_m, "wide": d.kernel.wide_reason,
-               "emit": d.kernel.emit_reason,
+        k = d.kernel
+        row = {"model": name, "batch": b, "geometry": geometry_label(geo, name), "phases": phases,
+               "programs": k.programs, "block_m": getattr(k, "block_m", "-"), "wide": getattr(k, "wide_reason", "-"),
+               "emit": getattr(k, "emit_reason", "-"),
                "host_us": pct(ns),
                "device_us": float(np.median(stamps[:, 1] - stamps[:, 0])) / 1e3, "err_vs_f64": errs[b]}
         if phases:
-            row["phase_us"] = phase_medians(stamps, st.w.layers)
+            row["phase_us"] = mlp_phase_medians(stamps) if is_mlp(name) else phase_medians(stamps, st.w.layers)
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    phase_names = next((list(r["phase_us"]) for r in rows if "phase_us" in r), [])
+    phase_names = list(dict.fromkeys(k for r in rows for k in r.get("phase_us", {})))  # the union, in order
     head = ("| model | b | geometry | stamps | programs | block_m | device p50 | host p50 | host p99 | err vs f64 | "
             + " | ".join(phase_names) + " |")
     lines = [head, "|" + " --- |" * 4 + " ---: |" * (6 + len(phase_names))]
@@ -212,7 +258,7 @@ def main(argv=None) -> int:
         try:
             got = run_variant(name, geo, phases, args, dev)
         except Exception as e:  # noqa: BLE001 - a geometry the kernel refuses: say so, go on
-            got = [{"model": name, "geometry": geometry_label(geo), "error": repr(e)[:300]}]
+            got = [{"model": name, "geometry": geometry_label(geo, name), "error": repr(e)[:300]}]
         rows += got
         print("\n".join(table(got).splitlines()[2:]), flush=True)
     print("\n== summary (µs; phases: medians on the lead program's clock, see the docstring)")

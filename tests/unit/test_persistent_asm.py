@@ -41,3 +41,19 @@ def test_bad_arguments_are_refused_with_a_reason():
     assert "no_such_preset" in proc.stderr
     env_proc = run_compile_tool("check_persistent_asm.py", interpreter=True)
     assert env_proc.returncode == 2 and "TRITON_INTERPRET" in env_proc.stderr
+
+
+def test_the_mlp_phases_build_compiles_with_its_six_stamps():
+    # the diagnostic build tools/sweep_persistent_geometry.py times (MlpPersistent(phases=True)): the
+    # same coherence check, and one %globaltimer read per stamp; the engine's build reads the clock never
+    from hft_infer.kernels.mlp_persistent import PHASE_STAMPS
+
+    proc = _run("--cases", "mlp_small", "--phases")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(row for row in proc.stdout.splitlines() if row.startswith("mlp_small "))
+    assert line.rstrip().endswith("none") and int(line.split()[3]) == len(PHASE_STAMPS) == 6, line
+    engine = _run("--cases", "mlp_small")
+    line = next(row for row in engine.stdout.splitlines() if row.startswith("mlp_small "))
+    assert int(line.split()[3]) == 0, line
+    refused = _run("--cases", "lstm_a", "--phases")
+    assert refused.returncode == 2 and "MLP cases only" in refused.stderr

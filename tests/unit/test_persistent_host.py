@@ -1,6 +1,6 @@
 """The host side of the persistent LSTM kernel (kernels/lstm_persistent.py) and of
 tools/sweep_persistent_geometry.py: the phase stamps' layout a request's row holds and the phases
-worked out of it, the wide tiling's and the emitted pass's conditions and buffers, the sweep's geometry
+worked out of it (the persistent MLP's phases build too), the wide tiling's and the emitted pass's conditions and buffers, the sweep's geometry
 and emit options, the timed
 run the sweep shares with tools/bench_kernels.py. (The
 kernel's stores and both tilings run on a GPU only: tests/kernels/test_kernel_persistent.py's GPU
@@ -100,7 +100,7 @@ def test_geometry_option_is_checked(capsys):
     assert sweep.geometry_label((8, 0, 4, 0, 0)) == "bh=8 bm=auto warps=4 progs=auto"
     assert sweep.geometry_label((0, 0, 0, 0, 32)) == "bh=auto bm=auto warps=auto progs=auto + wide bm=32"
     for bad in (["--geometries", "4/0/4"], ["--geometries", "4/x/4/0"], ["--geometries", "4/0/-1/0"],
-                ["--geometries", "4/0/4/0/32/1"], ["--models", "mlp_small"]):
+                ["--geometries", "4/0/4/0/32/1"], ["--models", "mlp_large"]):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
     assert "geometry" in capsys.readouterr().err
@@ -229,3 +229,33 @@ def test_timed_run_checks_then_times_each_batch_and_always_stops_the_kernel():
     with pytest.raises(RuntimeError, match="watchdog"):
         d.timed_run([1], steps=3, fill_steps=1)
     assert calls == ["precompile", "start", "stop"]
+
+
+def test_the_mlp_phases_build_names_and_rows_its_six_stamps(compiled_mode):
+    # MlpPersistent(phases=True): detect, done, then the kernel's stamp indices 2..5 in PHASE_STAMPS' order
+    # (mlp_persistent.py writes broadcast at 2, the lead's partials at 3, the count's completion at 4, the last
+    # program's sight of the mailbox at 5); the engine's build keeps two, and phases without timing none
+    from hft_infer.kernels.mlp_persistent import PHASE_STAMPS, MlpPersistent
+
+    assert PHASE_STAMPS == ("detect", "done", "broadcast", "lead's partials", "all arrived",
+                            "last program sees it")
+    eng = cpu_kernel_step("mlp_small", 8).persistent(PersistentEngine.request_ring(
+        cpu_kernel_step("mlp_small", 8), max_batch=8, max_inflight=2))
+    assert not eng.phases and eng.stamps == 2
+    k = MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, timing=True, phases=True)
+    assert k.phases and k.stamps == len(PHASE_STAMPS) and k.times.numel() == 6 * k.time_slots
+    assert not MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, timing=False, phases=True).phases
+
+
+def test_mlp_phase_medians_split_detect_to_done():
+    # detect 0, broadcast 400, the lead's partials 3,000, every arrival 5,000, done 14,000; last sees 700
+    one = [0, 14_000, 400, 3_000, 5_000, 700]
+    got = sweep.mlp_phase_medians(np.array([one, [v + 3 for v in one]]))
+    assert got == pytest.approx({"broadcast": 0.4, "partials": 2.6, "arrivals": 2.0, "finish": 9.0,
+                                 "last sees": 0.7})
+    assert sum(v for k, v in got.items() if k != "last sees") == pytest.approx(14.0)  # detect -> done
+    a = sweep.parse_args(["--models", "mlp_small", "--geometries", "64/128/0/8"])
+    assert sweep.geometry_label(a.geometries[0], "mlp_small") == "bn=64 bk=128 ksplit=auto warps=8"
+    for lstm_only in (["--emit", "2"], ["--geometries", "0/0/0/0/32"]):  # the LSTMs' options
+        with pytest.raises(SystemExit):
+            sweep.parse_args(["--models", "mlp_small", *lstm_only])
