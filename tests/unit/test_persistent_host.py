@@ -1,10 +1,9 @@
 """The host side of the persistent LSTM kernel (kernels/lstm_persistent.py) and of
 tools/sweep_persistent_geometry.py: the phase stamps' layout a request's row holds and the phases
-worked out of it (the persistent MLP's phases build too), the wide tiling's and the emitted pass's conditions and buffers, the sweep's geometry
-and emit options, the timed
-run the sweep shares with tools/bench_kernels.py. (The
-kernel's stores and both tilings run on a GPU only: tests/kernels/test_kernel_persistent.py's GPU
-cases, `lstm_a-window-fp32-phases` among them.)"""
+worked out of it (the persistent MLP's phases build too), the wide tiling's and the emitted pass's
+conditions and buffers, the sweep's geometry and emit options, the timed run the sweep shares with
+tools/bench_kernels.py. (The kernel's stores and both tilings run on a GPU only:
+tests/kernels/test_kernel_persistent.py's GPU cases, `lstm_a-window-fp32-phases` among them.)"""
 
 from __future__ import annotations
 
