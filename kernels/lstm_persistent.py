@@ -311,7 +311,7 @@ def _lstm_persistent_kernel(
     F: tl.constexpr, H: tl.constexpr, W: tl.constexpr, L: tl.constexpr, F_PAD: tl.constexpr,
     KH: tl.constexpr, BLOCK_K: tl.constexpr, BH: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
     WINDOW: tl.constexpr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
-    INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr,
+    INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, IB: tl.constexpr, NT: tl.constexpr,
     PREC: tl.constexpr, BF16: tl.constexpr, UPCAST: tl.constexpr, HB: tl.constexpr, OUT_C: tl.constexpr,
     TIMING: tl.constexpr, TSLOTS: tl.constexpr, BOTH: tl.constexpr, GROUP: tl.constexpr,
     NST: tl.constexpr, PHASES: tl.constexpr,
@@ -335,7 +335,7 @@ def _lstm_persistent_kernel(
     while running == 1:
         if lead:
             kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr,
-                                         pay_h_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
+                                         pay_h_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB, IB, NT)
             if (kind == _STEP) | (kind == _RESET):
                 _stamp(time_ptr, (r % TSLOTS) * NST, TIMING)
             _broadcast(sync_ptr, r, kind, n)

@@ -420,26 +420,36 @@ def _payload(pay_i_ptr, pay_f_ptr, r, NREQ: tl.constexpr, PW: tl.constexpr, MAX_
 @triton.jit
 def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, r,
                        NREQ: tl.constexpr, PW: tl.constexpr, MAX_B: tl.constexpr, ROWS_AT: tl.constexpr,
-                       INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr):
+                       INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, IB: tl.constexpr,
+                       NT: tl.constexpr):
     """Lead program: `_lead_wait_request`, also polling the pinned header where the ring sends small
     steps inline (INL > 0: steps of at most INL entries, RW floats of rows an entry, RB =
     next_power_of_2(INL * RW)); an inline request's slots, positions and rows are read from the
     pinned slot in place and stored into the device slot, where every program reads a request (the
-    broadcast's release publishes them). Returns (kind, n)."""
+    broadcast's release publishes them). Returns (kind, n).
+
+    Host memory is read by one warp only: a load every thread runs (a scalar's) is one request per
+    warp, and each is its own PCIe read, which this GPU serves about one at a time (wave 4). So the
+    pinned header is read by thread 0 alone (a tensor of NT = the program's threads, masked to its
+    first element) and summed into the scalar every thread needs, and the payload's tensors (IB >=
+    INL entries, RB row floats: one element a thread) put the loads of entries 0..n-1 in warp 0.
+    The device header stays a scalar load (L2: cheap for every warp)."""
     if INL == 0:
         kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
     else:
         p = hdr_ptr + (r % NREQ) * LINE_C
         ph = hdr_h_ptr + (r % NREQ) * LINE_C
         want = (r + 1) & 0xFFFFFFFF
+        lane = tl.arange(0, NT)
+        ph_one = ph + lane * 0  # thread 0's load only (mask): one PCIe read a poll, not one a warp
         hdr = tl.load(p, volatile=True)
-        hh = tl.load(ph, volatile=True)  # a PCIe read: each poll waits ~1 µs for it
+        hh = tl.sum(tl.load(ph_one, mask=lane == 0, other=0, volatile=True))  # a PCIe read: ~1 µs a poll
         stop = tl.load(stop_ptr, volatile=True)
         inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
         i = stop * 0
         while ((hdr & 0xFFFFFFFF) != want) & (inl == 0) & (stop == 0):
             hdr = tl.load(p, volatile=True)
-            hh = tl.load(ph, volatile=True)
+            hh = tl.sum(tl.load(ph_one, mask=lane == 0, other=0, volatile=True))
             inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
             i += 1
             if (i & 63) == 0:
@@ -450,7 +460,7 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
         n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
         if inl:
             k = r % NREQ
-            b = tl.arange(0, INL)
+            b = tl.arange(0, IB)  # entry b in thread b: warp 0's loads
             bm = b < n
             q = tl.arange(0, RB)
             qm = q < n * RW
@@ -586,6 +596,8 @@ class PersistentKernel:
     `programs`. A kernel may be built on any device (its PTX for a CUDA target can then be
     read: `compile_asm`); starting one needs `persistent_supported`."""
 
+    num_warps = 1  # the launch's; a model kernel sets its own (ring_consts' NT follows it)
+
     def __init__(self, ring: RequestRing, device: torch.device | str, *, timing: bool = False,
                  stamps: int = 2) -> None:
         self.ring = ring
@@ -717,8 +729,10 @@ class PersistentKernel:
     def ring_consts(self) -> dict:
         ring = self.ring
         rw = ring.rows_per_entry * ring.width
+        nt = 32 * self.num_warps  # the program's threads: the inline path's tensors put one element in each
         return dict(NREQ=ring.n_requests, PW=ring.payload_words, ROWS_AT=ring.rows_offset, MAX_B=ring.max_batch,
-                    INL=ring.inline_entries, RW=rw, RB=triton.next_power_of_2(max(1, ring.inline_entries * rw)))
+                    INL=ring.inline_entries, RW=rw, RB=triton.next_power_of_2(max(nt, ring.inline_entries * rw)),
+                    IB=triton.next_power_of_2(max(nt, ring.inline_entries)), NT=nt)
 
 
 # --------------------------------------------------------------------------- the floor
@@ -727,7 +741,8 @@ class PersistentKernel:
 @triton.jit
 def _floor_kernel(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr, out_ptr, ctrl_ptr,
                   time_ptr, NREQ: tl.constexpr, PW: tl.constexpr, ROWS_AT: tl.constexpr, MAX_B: tl.constexpr,
-                  INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, OUT_C: tl.constexpr,
+                  INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, IB: tl.constexpr, NT: tl.constexpr,
+                  OUT_C: tl.constexpr,
                   TIMING: tl.constexpr, TSLOTS: tl.constexpr):
     """Request in, answer out, through the same polling and payload as the model kernels:
     answers each request with out[k, 0, 0:3] = seq, slots[0], positions[0] (as floats)."""
@@ -735,7 +750,7 @@ def _floor_kernel(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_pt
     running = 1
     while running == 1:
         kind, n = _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h_i_ptr, pay_h_f_ptr,
-                                     r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB)
+                                     r, NREQ, PW, MAX_B, ROWS_AT, INL, RW, RB, IB, NT)
         if kind != _KIND_STOP:
             _stamp(time_ptr, (r % TSLOTS) * 2, TIMING)
             slots, positions, rows = _payload(pay_i_ptr, pay_f_ptr, r, NREQ, PW, MAX_B, ROWS_AT)
@@ -767,7 +782,7 @@ class FloorKernel(PersistentKernel):
     def _launch_spec(self) -> tuple:
         return (_floor_kernel, (1,), (*self.ring_args(), self.times),
                 dict(**self.ring_consts(), OUT_C=OUT_COLS, TIMING=self.timing, TSLOTS=self.time_slots,
-                     num_warps=1, num_stages=NUM_STAGES))
+                     num_warps=self.num_warps, num_stages=NUM_STAGES))
 
     def _zero_state(self) -> None:
         pass

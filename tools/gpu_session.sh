@@ -189,9 +189,11 @@
 #                                          # same, then both at 100k, then bench_engines' floors with the
 #                                          # inline row of 168 bytes and lstm_a b=1 (~430 s); wave44f:
 #                                          # issue 19's floor and lstm_a persistent over iceoryx2 and
-#                                          # ZeroMQ at 10k, then 100k (~340 s); wave45m (branch
-#                                          # next/mlp-phases): the landing and persistent kernel tests,
-#                                          # then the persistent MLP's phases by geometry (~480 s)
+#                                          # ZeroMQ at 10k, then 100k (~340 s); wave45 (branches
+#                                          # next/mlp-phases + next/one-warp-pinned): the landing and
+#                                          # persistent kernel tests, then lstm_a's engine rows against
+#                                          # BASE_TGZ's (~500 s); wave45m: the persistent MLP's phases by
+#                                          # geometry, lstm_a's batch-1 phases (~220 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2079,14 +2081,26 @@ elif [ "$phase" = wave44f ]; then
        persistent:iceoryx2:100000" bash tools/bench_shm.sh "$WORK/shm"
   summarize
   verbatim shm
-elif [ "$phase" = wave45m ]; then
-  # branch next/mlp-phases: its GPU tests, then where the persistent MLP's device time goes (phases by
-  # geometry: the packing's own, fewer programs with wider blocks, 8 warps)
+elif [ "$phase" = wave45 ]; then
+  # branches next/mlp-phases + next/one-warp-pinned (stacked): the landing and persistent kernel tests, then
+  # lstm_a's engine rows back to back and 40 µs apart against BASE_TGZ's (main), with the floors
   gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
+  step engines_new1 85 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
+  step engines_base1 85 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave45m ]; then
+  # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
+  # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads
   step sweep_mlp 150 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models mlp_small \
        --batches 1,2,8 --geometries 0/0/0/0,64/64/0/0,32/128/0/0,0/0/0/8 --json "$WORK/sweep_mlp.json"
+  step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+       --batches 1,2 --geometries 4/0/4/0/32 --emit 2 --json "$WORK/sweep_emit.json"
   summarize
-  verbatim gpu_tests sweep_mlp
+  verbatim sweep_mlp sweep_emit
 elif [ "$phase" = wave40d ]; then
   gpu_tests 200 "${LANDING_TESTS[@]}"
   summarize
