@@ -41,7 +41,8 @@ the steps around it.
 
 Small steps inline (`RequestRing.enable_inline`, the LSTM kernels' default: at most 2 entries and
 INLINE_MAX_BYTES of rows): submit writes only the pinned header, flagged INLINE_BIT, and launches
-nothing; the lead, which polls the pinned header beside the device one (a PCIe read a poll), reads
+nothing; the lead, which polls the pinned header beside the device one (a PCIe read a poll from
+each of its warps: a scalar load runs in every warp), reads
 the slot's slots, positions and rows from pinned memory in place (three reads in flight at once,
 issued after the header was seen, which x86 wrote after them) and stores them into the device slot
 before it publishes the request, so every other program reads device memory as before. What it
@@ -54,8 +55,8 @@ every program finish s, which it waits for before it serves s + 1. With R - 1 in
 the host rewrites slot k (request s + R) only once s + 1 is answered, so never under a
 reader.
 
-Device side (`_lead_wait_request`, `_broadcast`, `_wait_broadcast`, `_arrive`,
-`_wait_count`): one lead program polls the device header with volatile loads (never
+Device side (`_lead_take_request`, `_broadcast`, `_wait_broadcast`, `_arrive`,
+`_wait_count`): one lead program polls the device header (and, inline, the pinned one) with volatile loads (never
 acquire operations: on sm_90 an acquire load is `LDG.STRONG` + `CCTL.IVALL`, which would
 wipe the weights each program keeps in its L1) and publishes the request with a release
 store; the other programs spin on that mailbox in L2. Phases meet at monotonic int64
@@ -91,7 +92,8 @@ from hft_infer.kernels.launch import graph_launcher
 KIND_STEP, KIND_RESET = 0, 1
 """Request kinds: a model step over slots[:n] at positions[:n]; zero the state of slots[:n]."""
 KIND_STOP = 2  # device-internal: the lead saw the stop flag with no request pending
-INLINE_BIT = 1 << 62
+INLINE_SHIFT = 62
+INLINE_BIT = 1 << INLINE_SHIFT
 """Set in a pinned header word: the request's payload is read by the lead from the pinned slot in
 place (`RequestRing.inline_entries`); no copy graph ran for it and the device header is not written."""
 INLINE_MAX_BYTES = 512
@@ -110,7 +112,7 @@ SYNC_LINES = 16
 _CTRL_DONE = tl.constexpr(CTRL_DONE)
 _MB_REQ = tl.constexpr(MB_REQ)
 _KIND_STOP = tl.constexpr(KIND_STOP)
-_INLINE_SHIFT = tl.constexpr(62)
+_INLINE_SHIFT = tl.constexpr(INLINE_SHIFT)
 # the same words as constexprs for the model kernels' own loops (lstm_persistent, mlp_persistent)
 STEP_C = tl.constexpr(KIND_STEP)
 RESET_C = tl.constexpr(KIND_RESET)
@@ -231,7 +233,8 @@ class RequestRing:
         pinned header too (`_lead_take_request` with INL > 0) -- reads the payload from the pinned
         slot in place and copies it to the device slot before it publishes the request. Returns the
         entries granted: a power of two, capped by max_batch and INLINE_MAX_BYTES of rows; 0 where
-        the transport is not "dma" (the others never launch the graph anyway or read host memory)."""
+        the transport is not "dma" ("pinned" reads every request in place already; "fenced" is the
+        diagnostic path that writes the header only once the copy has completed)."""
         if entries < 0:
             raise ValueError(f"inline entries must be >= 0, got {entries}")
         per_entry = self._row_bytes

@@ -11,8 +11,9 @@ with perf_counter_ns, and in parts (submit, wait, collect: a table of their medi
 end). Rows are random positive books already in the ring. Steps run back to back by default;
 `--gaps 0,40` also times each row with 40 µs idle between steps (rows "ENGINE gap40"): a kernel
 that answers before it has finished a request's work (the persistent LSTM's emitted pass) may
-still be busy when the next request comes back to back, and the gap rows show whether that costs
-anything (for lstm_a at batch 1 it did not: BENCHMARKS.md wave 43).
+still be busy when the next request comes back to back, and the gap rows show what that costs
+(lstm_a at batch 1: nothing over the copy graph, whose submit hid it, wave 43; ~3 µs over the
+inline path, wave 44 -- BENCHMARKS.md).
 
 Each engine is self-checked against the CPU engine first (runner/self_check.py),
 as serve does; one that fails is built again with the check off so that its
@@ -142,17 +143,20 @@ def time_steps(eng, batch: int, steps: int, depth: int, gap_us: float = 0.0) -> 
     return out, parts
 
 
-def floor(steps: int, transport: str) -> dict:
-    """The trivial persistent kernel behind the request ring, per transport (kernels/persistent.py):
-    "fenced" (the header written once the payload copy completed), "dma" (the engine's: the copy
-    graph moves the payload, then the header), "dma inline" (the engine's for small steps: the
-    lead reads them from the pinned slot, no copy graph; "dma inline 168 B": with a row of that many
-    bytes an entry, lstm_a's, where the others carry 4 -- what the row's PCIe reads cost the lead),
-    "pinned" (polls and reads pinned host memory in place: the floor the issue quotes)."""
+# the floor's rows: (label, transport, inline, row bytes an entry) -- "fenced" (the header written once
+# the payload copy completed), "dma" (the engine's: the copy graph moves the payload, then the header),
+# "dma inline" (the engine's for small steps: the lead reads them from the pinned slot, no copy graph),
+# again with lstm_a's 168-byte row where the others carry 4 (what the row's PCIe reads cost the lead),
+# "pinned" (polls and reads pinned host memory in place: the floor the issue quotes)
+FLOORS = (("fenced", "fenced", False, 4), ("dma", "dma", False, 4), ("dma inline", "dma", True, 4),
+          ("dma inline 168 B", "dma", True, 168), ("pinned", "pinned", False, 4))
+
+
+def floor(steps: int, transport: str, inline: bool = False, row_bytes: int = 4) -> dict:
+    """The trivial persistent kernel behind the request ring over `transport` (kernels/persistent.py),
+    steps of one entry inline or not, each entry carrying `row_bytes` of rows (FLOORS)."""
     from hft_infer.kernels.persistent import FloorKernel, RequestRing
 
-    transport, _, inline = transport.partition(" ")
-    row_bytes = int(inline.split()[1]) if len(inline.split()) > 1 else 4
     ring = RequestRing(64, width=row_bytes // 4, n_requests=4, device="cuda", transport=transport)
     k = FloorKernel(ring, "cuda", timing=True, **({"inline_entries": 1} if inline else {}))
     k.precompile()
@@ -214,12 +218,12 @@ def main() -> int:
     gaps = [float(g) for g in a.gaps.split(",")]
     models = [tuple(m.split("/")) for m in a.models.split(",")]
     rows = []
-    for t in ("fenced", "dma", "dma inline", "dma inline 168 B", "pinned"):
+    for label, transport, inline, row_bytes in FLOORS:
         try:
-            rows.append({"model": f"floor (trivial persistent kernel, {t})", "mode": "-", "engine": "persistent",
-                         "batch": 1} | floor(steps, t))
+            rows.append({"model": f"floor (trivial persistent kernel, {label})", "mode": "-", "engine": "persistent",
+                         "batch": 1} | floor(steps, transport, inline, row_bytes))
         except TypeError as e:  # a baseline tree's FloorKernel without the inline path (gpu_session's A/B)
-            print(f"floor {t}: not in this package ({e})", flush=True)
+            print(f"floor {label}: not in this package ({e})", flush=True)
     print(table(HEADERS, [_row(r) for r in rows]), flush=True)  # each row as it is measured: a timeout keeps them
     warps = [int(w) for w in a.persistent_warps.split(",") if w.strip()]
     variants = []
