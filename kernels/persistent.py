@@ -41,8 +41,8 @@ the steps around it.
 
 Small steps inline (`RequestRing.enable_inline`, the LSTM kernels' default: at most 2 entries and
 INLINE_MAX_BYTES of rows): submit writes only the pinned header, flagged INLINE_BIT, and launches
-nothing; the lead, which polls the pinned header beside the device one (a PCIe read a poll from
-each of its warps: a scalar load runs in every warp), reads
+nothing; the lead, which polls the pinned header beside the device one (one PCIe read a poll, by
+thread 0 alone: `_lead_take_request`), reads
 the slot's slots, positions and rows from pinned memory in place (three reads in flight at once,
 issued after the header was seen, which x86 wrote after them) and stores them into the device slot
 before it publishes the request, so every other program reads device memory as before. What it
@@ -426,10 +426,10 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
                        INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, IB: tl.constexpr,
                        NT: tl.constexpr):
     """Lead program: `_lead_wait_request`, also polling the pinned header where the ring sends small
-    steps inline (INL > 0: steps of at most INL entries, RW floats of rows an entry, RB =
-    next_power_of_2(INL * RW)); an inline request's slots, positions and rows are read from the
-    pinned slot in place and stored into the device slot, where every program reads a request (the
-    broadcast's release publishes them). Returns (kind, n).
+    steps inline (INL > 0: steps of at most INL entries, RW floats of rows an entry; RB and IB:
+    powers of two >= INL * RW and INL and >= NT, `ring_consts`); an inline request's slots,
+    positions and rows are read from the pinned slot in place and stored into the device slot, where
+    every program reads a request (the broadcast's release publishes them). Returns (kind, n).
 
     Host memory is read by one warp only: a load every thread runs (a scalar's) is one request per
     warp, and each is its own PCIe read, which this GPU serves about one at a time (wave 4). So the
