@@ -391,27 +391,6 @@ class RequestRing:
 
 
 @triton.jit
-def _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ: tl.constexpr):
-    """Lead program: wait for request r+1 (r requests served so far) in the device header;
-    returns (kind, n), kind KIND_STOP once the stop flag is up and request r+1 has not
-    arrived (a pending request is served first)."""
-    p = hdr_ptr + (r % NREQ) * LINE_C
-    want = (r + 1) & 0xFFFFFFFF
-    hdr = tl.load(p, volatile=True)
-    stop = tl.load(stop_ptr, volatile=True)
-    i = stop * 0
-    while ((hdr & 0xFFFFFFFF) != want) & (stop == 0):  # scalars only: a while loop must not carry tensors
-        hdr = tl.load(p, volatile=True)
-        i += 1
-        if (i & 63) == 0:  # the stop flag every 64th poll: one read per poll where they cross PCIe
-            stop = tl.load(stop_ptr, volatile=True)
-    got = (hdr & 0xFFFFFFFF) == want
-    kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
-    n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
-    return kind, n
-
-
-@triton.jit
 def _payload(pay_i_ptr, pay_f_ptr, r, NREQ: tl.constexpr, PW: tl.constexpr, MAX_B: tl.constexpr,
              ROWS_AT: tl.constexpr):
     """Device pointers of request r+1's slots, positions and rows (slot (r % NREQ) of the payload)."""
@@ -425,11 +404,14 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
                        NREQ: tl.constexpr, PW: tl.constexpr, MAX_B: tl.constexpr, ROWS_AT: tl.constexpr,
                        INL: tl.constexpr, RW: tl.constexpr, RB: tl.constexpr, IB: tl.constexpr,
                        NT: tl.constexpr):
-    """Lead program: `_lead_wait_request`, also polling the pinned header where the ring sends small
-    steps inline (INL > 0: steps of at most INL entries, RW floats of rows an entry; RB and IB:
-    powers of two >= INL * RW and INL and >= NT, `ring_consts`); an inline request's slots,
-    positions and rows are read from the pinned slot in place and stored into the device slot, where
-    every program reads a request (the broadcast's release publishes them). Returns (kind, n).
+    """Lead program: wait for request r+1 (r requests served so far) in the device header, also
+    polling the pinned header where the ring sends small steps inline (INL > 0: steps of at most
+    INL entries, RW floats of rows an entry; RB and IB: powers of two >= INL * RW and INL and >=
+    NT, `ring_consts`); an inline request's slots, positions and rows are read from the pinned slot
+    in place and stored into the device slot, where every program reads a request (the
+    broadcast's release publishes them). Returns (kind, n), kind KIND_STOP once the stop flag is up
+    and request r+1 has not arrived (a pending request is served first). With INL == 0 the
+    constexpr branches fold away: the device header and the stop flag alone.
 
     Host memory is read by one warp only: a load every thread runs (a scalar's) is one request per
     warp, and each is its own PCIe read, which this GPU serves about one at a time (wave 4). So the
@@ -437,30 +419,36 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
     first element) and summed into the scalar every thread needs, and the payload's tensors (IB >=
     INL entries, RB row floats: one element a thread) put the loads of entries 0..n-1 in warp 0.
     The device header stays a scalar load (L2: cheap for every warp)."""
-    if INL == 0:
-        kind, n = _lead_wait_request(hdr_ptr, stop_ptr, r, NREQ)
-    else:
-        p = hdr_ptr + (r % NREQ) * LINE_C
+    p = hdr_ptr + (r % NREQ) * LINE_C
+    if INL > 0:
         ph = hdr_h_ptr + (r % NREQ) * LINE_C
-        want = (r + 1) & 0xFFFFFFFF
+    want = (r + 1) & 0xFFFFFFFF
+    if INL > 0:
         lane = tl.arange(0, NT)
         ph_one = ph + lane * 0  # thread 0's load only (mask): one PCIe read a poll, not one a warp
-        hdr = tl.load(p, volatile=True)
+    hdr = tl.load(p, volatile=True)
+    if INL > 0:
         hh = tl.sum(tl.load(ph_one, mask=lane == 0, other=0, volatile=True))  # a PCIe read: ~1 µs a poll
-        stop = tl.load(stop_ptr, volatile=True)
+    stop = tl.load(stop_ptr, volatile=True)
+    if INL > 0:
         inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
-        i = stop * 0
-        while ((hdr & 0xFFFFFFFF) != want) & (inl == 0) & (stop == 0):
-            hdr = tl.load(p, volatile=True)
+    else:
+        inl = (stop * 0) != 0  # no inline path: false (folded away)
+    i = stop * 0
+    while ((hdr & 0xFFFFFFFF) != want) & (inl == 0) & (stop == 0):  # scalars only: a loop must not carry tensors
+        hdr = tl.load(p, volatile=True)
+        if INL > 0:
             hh = tl.sum(tl.load(ph_one, mask=lane == 0, other=0, volatile=True))
-            inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
-            i += 1
-            if (i & 63) == 0:
-                stop = tl.load(stop_ptr, volatile=True)
+            inl = (((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1))
+        i += 1
+        if (i & 63) == 0:  # the stop flag every 64th poll: one read per poll where they cross PCIe
+            stop = tl.load(stop_ptr, volatile=True)
+    if INL > 0:
         hdr = tl.where(inl, hh, hdr)
-        got = (hdr & 0xFFFFFFFF) == want
-        kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
-        n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
+    got = (hdr & 0xFFFFFFFF) == want
+    kind = tl.where(got, (hdr >> 48) & 0xFF, _KIND_STOP)
+    n = ((hdr >> 32) & 0xFFFF).to(tl.int32)
+    if INL > 0:
         if inl:
             k = r % NREQ
             b = tl.arange(0, IB)  # entry b in thread b: warp 0's loads
