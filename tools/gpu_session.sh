@@ -192,7 +192,9 @@
 #                                          # ZeroMQ at 10k, then 100k (~340 s); wave45 (branches
 #                                          # next/mlp-phases + next/one-warp-pinned): the landing and
 #                                          # persistent kernel tests, then lstm_a's engine rows against
-#                                          # BASE_TGZ's (~500 s); wave45m: the persistent MLP's phases by
+#                                          # BASE_TGZ's (~500 s); wave45b: those rows, this tree
+#                                          # and BASE_TGZ's alternated twice, and the MLP sweep
+#                                          # (~420 s); wave45m: the persistent MLP's phases by
 #                                          # geometry, lstm_a's batch-1 phases (~220 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
@@ -2092,6 +2094,20 @@ elif [ "$phase" = wave45 ]; then
        "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
   summarize
   verbatim gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave45b ]; then
+  # wave45's engine rows again, this tree and BASE_TGZ's alternated twice (wave45 ran them once each, base
+  # second, and its host-only parts read ~2 µs slower: the host, not the kernel), then wave45m's sweeps
+  setup_base
+  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
+  for k in 1 2; do
+    step engines_new$k 85 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new$k.json"
+    step engines_base$k 85 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+         "$base/py" "${args[@]}" --json "$WORK/engines_base$k.json"
+  done
+  step sweep_mlp 150 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models mlp_small \
+       --batches 1,2,8 --geometries 0/0/0/0,64/64/0/0,32/128/0/0,0/0/0/8 --json "$WORK/sweep_mlp.json"
+  summarize
+  verbatim engines_new1 engines_base1 engines_new2 engines_base2 sweep_mlp
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads
