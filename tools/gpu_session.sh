@@ -412,13 +412,18 @@ gpu_tests() {  # gpu_tests TIMEOUT PYTEST_ARGS...: the step `gpu_tests`, pytest 
   step gpu_tests "$t" $PY -m pytest -q -rs -p no:cacheprovider "$@"
 }
 
+engines_ab() {  # engines_ab K TIMEOUT BENCH_ENGINES_ARGS...: tools/bench_engines.py with ARGS, this tree (step
+  # engines_newK) then BASE_TGZ's (engines_baseK; setup_base first), on core 2
+  local k=$1 t=$2; shift 2
+  step "engines_new$k" "$t" taskset -c 2 $PY tools/bench_engines.py "$@" --json "$WORK/engines_new$k.json"
+  step "engines_base$k" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
+       "$base/py" tools/bench_engines.py "$@" --json "$WORK/engines_base$k.json"
+}
+
 engines_pair() {  # engines_pair K MODELS TIMEOUT [BATCHES]: bench_engines' graph and persistent rows of MODELS at
   # BATCHES (1,64), this tree (step engines_newK) then BASE_TGZ's (engines_baseK; setup_base first), on core 2
   local k=$1 models=$2 t=$3 batches=${4:-1,64}
-  local args=(tools/bench_engines.py --quick --engines graph,persistent --models "$models" --batches "$batches")
-  step "engines_new$k" "$t" taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new$k.json"
-  step "engines_base$k" "$t" env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base$k.json"
+  engines_ab "$k" "$t" --quick --engines graph,persistent --models "$models" --batches "$batches"
 }
 
 chain_alternation11() {  # wave 31: shards11 with runner.chain_steps on, off, on, off (steps shards11_chain, _one,
@@ -2010,10 +2015,7 @@ elif [ "$phase" = wave43b ]; then
   step sweep_emit 70 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
        --batches 1,2 --geometries 4/0/4/0/32 --emit 2,0 --json "$WORK/sweep_emit.json"
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
-  step engines_new1 80 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  engines_ab 1 80 --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40
   gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   summarize
   verbatim sweep_emit engines_new1 engines_base1 gpu_tests
@@ -2029,18 +2031,12 @@ elif [ "$phase" = wave44 ]; then
   step sweep_emit 60 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
        --batches 1,2 --geometries 4/0/4/0/32 --emit 2 --json "$WORK/sweep_emit.json"
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window,mlp_small/window --batches 1,2)
-  step engines_new1 70 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 70 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  engines_ab 1 70 --quick --engines persistent --models lstm_a/window,mlp_small/window --batches 1,2
   summarize
   verbatim gpu_tests sweep_emit engines_new1 engines_base1
 elif [ "$phase" = wave44b ]; then
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
-  step engines_new1 80 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 80 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  engines_ab 1 80 --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40
   step engines_wide 150 taskset -c 2 $PY tools/bench_engines.py --quick --engines persistent \
        --models lstm_b/window,lstm_a/window --batches 1,64 --gaps 0,40 --json "$WORK/engines_wide.json"
   summarize
@@ -2048,11 +2044,7 @@ elif [ "$phase" = wave44b ]; then
 elif [ "$phase" = wave44c ]; then
   gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window,lstm_b/window --batches 1,2
-        --gaps 0,40)
-  step engines_new1 110 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 110 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  engines_ab 1 110 --quick --engines persistent --models lstm_a/window,lstm_b/window --batches 1,2 --gaps 0,40
   summarize
   verbatim gpu_tests engines_new1 engines_base1
 elif [ "$phase" = wave44d ]; then
@@ -2088,21 +2080,15 @@ elif [ "$phase" = wave45 ]; then
   # lstm_a's engine rows back to back and 40 µs apart against BASE_TGZ's (main), with the floors
   gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
-  step engines_new1 85 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new1.json"
-  step engines_base1 85 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-       "$base/py" "${args[@]}" --json "$WORK/engines_base1.json"
+  engines_ab 1 85 --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40
   summarize
   verbatim gpu_tests engines_new1 engines_base1
 elif [ "$phase" = wave45b ]; then
   # wave45's engine rows again, this tree and BASE_TGZ's alternated twice (wave45 ran them once each, base
   # second, and its host-only parts read ~2 µs slower: the host, not the kernel), then wave45m's sweeps
   setup_base
-  args=(tools/bench_engines.py --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40)
   for k in 1 2; do
-    step engines_new$k 85 taskset -c 2 $PY "${args[@]}" --json "$WORK/engines_new$k.json"
-    step engines_base$k 85 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" taskset -c 2 \
-         "$base/py" "${args[@]}" --json "$WORK/engines_base$k.json"
+    engines_ab $k 85 --quick --engines persistent --models lstm_a/window --batches 1,2 --gaps 0,40
   done
   step sweep_mlp 150 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models mlp_small \
        --batches 1,2,8 --geometries 0/0/0/0,64/64/0/0,32/128/0/0,0/0/0/8 --json "$WORK/sweep_mlp.json"
