@@ -419,6 +419,8 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
     first element) and summed into the scalar every thread needs, and the payload's tensors (IB >=
     INL entries, RB row floats: one element a thread) put the loads of entries 0..n-1 in warp 0.
     The device header stays a scalar load (L2: cheap for every warp)."""
+    # (the statements keep the order of the two loops this one replaced, the inline path's reads under
+    # constexpr branches, so that both builds compiled to the same instructions as before)
     p = hdr_ptr + (r % NREQ) * LINE_C
     if INL > 0:
         ph = hdr_h_ptr + (r % NREQ) * LINE_C
@@ -439,7 +441,7 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
         hdr = tl.load(p, volatile=True)
         if INL > 0:
             hh = tl.sum(tl.load(ph_one, mask=lane == 0, other=0, volatile=True))
-            inl = (((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1))
+            inl = ((hh & 0xFFFFFFFF) == want) & (((hh >> _INLINE_SHIFT) & 1) == 1)
         i += 1
         if (i & 63) == 0:  # the stop flag every 64th poll: one read per poll where they cross PCIe
             stop = tl.load(stop_ptr, volatile=True)
