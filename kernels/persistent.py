@@ -42,10 +42,10 @@ the steps around it.
 Small steps inline (`RequestRing.enable_inline`, the LSTM kernels' default: at most 2 entries and
 INLINE_MAX_BYTES of rows): submit writes only the pinned header, flagged INLINE_BIT, and launches
 nothing; the lead, which polls the pinned header beside the device one (one PCIe read a poll, by
-thread 0 alone: `_lead_take_request`), reads
-the slot's slots, positions and rows from pinned memory in place (three reads in flight at once,
-issued after the header was seen, which x86 wrote after them) and stores them into the device slot
-before it publishes the request, so every other program reads device memory as before. What it
+thread 0 alone: `_lead_take_request`), reads the slot's slots, positions and rows from pinned
+memory in place (three loads in flight at once, one element a thread, issued after the header was
+seen, which x86 wrote after them) and stores them into the device slot before it publishes the
+request, so every other program reads device memory as before. What it
 saves: the copy graph's launch on the host (~3.8 µs) and its two copies; what it costs: the PCIe
 reads on the lead (~1 µs each, docs/notes/kernels.md).
 
@@ -56,8 +56,8 @@ the host rewrites slot k (request s + R) only once s + 1 is answered, so never u
 reader.
 
 Device side (`_lead_take_request`, `_broadcast`, `_wait_broadcast`, `_arrive`,
-`_wait_count`): one lead program polls the device header (and, inline, the pinned one) with volatile loads (never
-acquire operations: on sm_90 an acquire load is `LDG.STRONG` + `CCTL.IVALL`, which would
+`_wait_count`): one lead program polls the device header (and, inline, the pinned one) with
+volatile loads (never acquire operations: on sm_90 an acquire load is `LDG.STRONG` + `CCTL.IVALL`, which would
 wipe the weights each program keeps in its L1) and publishes the request with a release
 store; the other programs spin on that mailbox in L2. Phases meet at monotonic int64
 counters (each program adds 1 with release semantics; waiters spin with volatile loads
@@ -413,12 +413,14 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
     and request r+1 has not arrived (a pending request is served first). With INL == 0 the
     constexpr branches fold away: the device header and the stop flag alone.
 
-    Host memory is read by one warp only: a load every thread runs (a scalar's) is one request per
-    warp, and each is its own PCIe read, which this GPU serves about one at a time (wave 4). So the
-    pinned header is read by thread 0 alone (a tensor of NT = the program's threads, masked to its
-    first element) and summed into the scalar every thread needs, and the payload's tensors (IB >=
-    INL entries, RB row floats: one element a thread) put the loads of entries 0..n-1 in warp 0.
-    The device header stays a scalar load (L2: cheap for every warp)."""
+    Host memory is read once, not once a warp: a load every thread runs (a scalar's) is one request
+    per warp, and each is its own PCIe read, which this GPU serves about one at a time (wave 4). So
+    the pinned header is read by thread 0 alone (a tensor of NT = the program's threads, masked to
+    its first element) and summed into the scalar every thread needs, and the payload's tensors
+    (IB >= INL entries, RB row floats) hold one element a thread: entries 0..n-1's slots and
+    positions fall in warp 0, their n * RW row floats in the first warps, one 128-byte read each
+    (lstm_a's two rows: 84 floats, three warps). The device header stays a scalar load (L2: cheap
+    for every warp)."""
     # (the statements keep the order of the two loops this one replaced, the inline path's reads under
     # constexpr branches, so that both builds compiled to the same instructions as before)
     p = hdr_ptr + (r % NREQ) * LINE_C
