@@ -314,6 +314,7 @@ class MlpWorkspace:
 
 
 BLOCK_B_MAX = 32  # [BLOCK_B, BK] input tiles: 64 rows spill registers and overflow shared memory
+BLOCK_B_MIN = 16  # tl.dot's smallest M
 
 
 def alloc_mlp_workspace(w: MlpWeights, max_batch: int) -> MlpWorkspace:
@@ -348,7 +349,7 @@ def mlp_step(w: MlpWeights, ws: MlpWorkspace, ring: torch.Tensor, slots: torch.T
         raise ValueError(f"batch {n} (max {ws.max_batch}) or ring {tuple(ring.shape)} does not fit the model "
                          f"(W={w.window}, F={w.features})")
     prec, bf16 = dot_flags(w.precision)
-    block_b = min(BLOCK_B_MAX, max(16, triton.next_power_of_2(n)))
+    block_b = min(BLOCK_B_MAX, max(BLOCK_B_MIN, triton.next_power_of_2(n)))
     grid = (w.programs_per_tile, triton.cdiv(n, block_b))
     new_rows = rows is not None
     # a ring (or slots/positions) in pinned host memory, read through UVA: volatile loads

@@ -195,7 +195,10 @@
 #                                          # BASE_TGZ's (~500 s); wave45b: those rows, this tree
 #                                          # and BASE_TGZ's alternated twice, and the MLP sweep
 #                                          # (~420 s); wave45m: the persistent MLP's phases by
-#                                          # geometry, lstm_a's batch-1 phases (~220 s)
+#                                          # geometry, lstm_a's batch-1 phases (~220 s); wave46 (branch
+#                                          # next/mlp-warps8): the landing and persistent kernel tests,
+#                                          # mlp_small's engine rows against BASE_TGZ's, the MLP's batch
+#                                          # tile and lstm_a's warps swept (~420 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2094,6 +2097,19 @@ elif [ "$phase" = wave45b ]; then
        --batches 1,2,8 --geometries 0/0/0/0,64/64/0/0,32/128/0/0,0/0/0/8 --json "$WORK/sweep_mlp.json"
   summarize
   verbatim engines_new1 engines_base1 engines_new2 engines_base2 sweep_mlp
+elif [ "$phase" = wave46 ]; then
+  # branch next/mlp-warps8 (the persistent MLP at 8 warps): the landing and persistent kernel tests, mlp_small's
+  # engine rows (1, 8, 64; back to back and 40 µs apart) against BASE_TGZ's (main: 4 warps), then the sweeps: the
+  # MLP's batch tile (16 against the engine's) at 8 and 4 warps, lstm_a's wide tiling + emitted pass at 2/4/8 warps
+  gpu_tests 320 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  setup_base
+  engines_ab 1 100 --quick --engines persistent --models mlp_small/window --batches 1,8,64 --gaps 0,40
+  step sweep_mlp_bb 120 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models mlp_small \
+       --batches 1,8,64 --geometries 0/0/0/0,0/0/0/0/16,0/0/0/4,0/0/0/4/16 --json "$WORK/sweep_mlp_bb.json"
+  step sweep_lstm_warps 120 $PY tools/sweep_persistent_geometry.py --cpu 2 --steps 300 --models lstm_a \
+       --batches 1,2 --geometries 4/0/4/0/32,4/0/2/0/32,4/0/8/0/32 --emit 2 --json "$WORK/sweep_lstm_warps.json"
+  summarize
+  verbatim gpu_tests engines_new1 engines_base1 sweep_mlp_bb sweep_lstm_warps
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads

@@ -24,8 +24,9 @@ broadcast). A last row runs the first geometry without the phase stamps: what th
 without CUDA.
 
 mlp_small (the persistent MLP, `MlpPersistent(phases=True)`): GEOMETRY = block_n/block_k/ksplit/num_warps
-(0: the packing's own -- block_n 32, block_k 64, ksplit for ~48 programs -- and 4 warps; a fifth field and
---emit do not apply), phases: broadcast, partials (-> the lead's own layer-1 partials done), arrivals
+[/block_b] (0: the packing's own -- block_n 32, block_k 64, ksplit for ~48 programs -- the engine's warps,
+mlp_persistent.NUM_WARPS, and its batch tile; a fifth field sets the batch tile's rows, a power of two from
+16 to 32; --emit does not apply), phases: broadcast, partials (-> the lead's own layer-1 partials done), arrivals
 (-> every program's arrival seen), finish (-> done: the partials summed, layers 2..3, the decision) and
 "last sees". Sweep it on its own (`--models mlp_small --geometries 0/0/0/0`): a table's phase columns
 are the union of its rows'.
@@ -42,6 +43,7 @@ from types import SimpleNamespace
 import numpy as np
 
 MODELS = ("lstm_a", "lstm_b", "lstm_a_stream", "mlp_small")
+MLP_BLOCK_B = (16, 32)  # MlpPersistent's batch tiles: powers of two, BLOCK_B_MIN..BLOCK_B_MAX (checked there)
 FILL_STEPS = 4  # steps of every slot before the timed ones: a geometry's speed does not depend on full windows
 
 
@@ -76,9 +78,12 @@ def parse_args(argv=None):
         ap.error(f"--emit: integers, got {a.emit!r}")
     if any(e < 0 or e & (e - 1) for e in emits):
         ap.error(f"--emit: 0 or powers of two, got {a.emit!r}")
-    if any(is_mlp(m) for m in a.models) and (emits or any(g[4] for g in a.geometries)):
-        ap.error("--emit and a geometry's fifth field (the wide tiling) apply to the LSTMs only: sweep the MLP "
-                 "on its own")
+    if any(is_mlp(m) for m in a.models) and (emits or (any(g[4] for g in a.geometries)
+                                                       and not all(is_mlp(m) for m in a.models))):
+        ap.error("--emit applies to the LSTMs only, and a geometry's fifth field means the wide tiling for an "
+                 "LSTM but the batch tile for the MLP: sweep the MLP on its own")
+    if is_mlp(a.models[0]) and any(g[4] and g[4] not in MLP_BLOCK_B for g in a.geometries):
+        ap.error(f"an MLP geometry's fifth field (block_b) is 0 or one of {MLP_BLOCK_B}: {a.geometries}")
     if emits:  # a sixth field: the emitted pass's entry limit
         a.geometries = [(*g, e) for g in a.geometries for e in emits]
     return a
@@ -90,7 +95,8 @@ def is_mlp(name: str) -> bool:
 
 def geometry_label(geo: tuple[int, ...], name: str = "lstm_a") -> str:
     if is_mlp(name):
-        return " ".join(f"{n}={v or 'auto'}" for n, v in zip(("bn", "bk", "ksplit", "warps"), geo))
+        label = " ".join(f"{n}={v or 'auto'}" for n, v in zip(("bn", "bk", "ksplit", "warps"), geo))
+        return label + (f" bb={geo[4]}" if len(geo) > 4 and geo[4] else "")
     names = ("bh", "bm", "warps", "progs")
     label = " ".join(f"{n}={v or 'auto'}" for n, v in zip(names, geo))
     label += f" + wide bm={geo[4]}" if len(geo) > 4 and geo[4] else ""
@@ -152,15 +158,16 @@ def _setup_mlp(st, geo: tuple, phases: bool, precision: str, dev):
     """`_setup` for the MLP: its weights packed for block_n / block_k / ksplit where given, the
     kernel with num_warps (and phase stamps if `phases`)."""
     from hft_infer.kernels.mlp import prepare_mlp_weights
-    from hft_infer.kernels.mlp_persistent import MlpPersistent
+    from hft_infer.kernels.mlp_persistent import NUM_WARPS, MlpPersistent
 
-    block_n, block_k, ksplit, warps = geo[:4]
+    block_n, block_k, ksplit, warps, block_b = geo[:5]
     if block_n or block_k or ksplit:
         st.w = prepare_mlp_weights(st.params, precision=precision, device=dev, block_n=block_n or 32,
                                    block_k=block_k or 64, ksplit=ksplit or None)
 
     def persistent(ring, max_programs=None, timing=True):
-        return MlpPersistent(st.w, ring, st.thr, st.held, num_warps=warps or 4, timing=True, phases=phases)
+        return MlpPersistent(st.w, ring, st.thr, st.held, num_warps=warps or NUM_WARPS, block_b=block_b or None,
+                             timing=True, phases=phases)
 
     st.persistent = persistent
     return st

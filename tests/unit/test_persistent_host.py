@@ -255,6 +255,43 @@ def test_mlp_phase_medians_split_detect_to_done():
     assert sum(v for k, v in got.items() if k != "last sees") == pytest.approx(14.0)  # detect -> done
     a = sweep.parse_args(["--models", "mlp_small", "--geometries", "64/128/0/8"])
     assert sweep.geometry_label(a.geometries[0], "mlp_small") == "bn=64 bk=128 ksplit=auto warps=8"
-    for lstm_only in (["--emit", "2"], ["--geometries", "0/0/0/0/32"]):  # the LSTMs' options
+    with pytest.raises(SystemExit):  # the LSTMs' option
+        sweep.parse_args(["--models", "mlp_small", "--emit", "2"])
+
+
+def test_the_mlp_kernel_takes_the_engines_warps_and_a_checked_batch_tile(compiled_mode):
+    # the engine's build: NUM_WARPS a program, the batch tile from the ring's max batch (8 -> the smallest
+    # tile, 16); block_b sets the tile for the sweep, a power of two within the launched kernel's bounds
+    from hft_infer.kernels.mlp import BLOCK_B_MAX, BLOCK_B_MIN
+    from hft_infer.kernels.mlp_persistent import NUM_WARPS, MlpPersistent
+
+    kstep = cpu_kernel_step("mlp_small", 8)
+    eng = kstep.persistent(PersistentEngine.request_ring(kstep, max_batch=8, max_inflight=2))
+    assert eng.num_warps == NUM_WARPS == 8 and eng.block_b == BLOCK_B_MIN
+    assert eng._launch_spec()[3]["num_warps"] == NUM_WARPS and eng._launch_spec()[3]["BLOCK_B"] == BLOCK_B_MIN
+    k = MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, block_b=BLOCK_B_MAX, num_warps=4)
+    assert k.block_b == BLOCK_B_MAX and k._launch_spec()[3]["BLOCK_B"] == BLOCK_B_MAX
+    assert k._launch_spec()[3]["num_warps"] == 4
+    for bad in (0, 8, 24, 2 * BLOCK_B_MAX):
+        with pytest.raises(ValueError, match="block_b"):
+            MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, block_b=bad)
+    # a ring of 64 entries a request: the largest tile, looped over by the kernel
+    big = cpu_kernel_step("mlp_small", 64)
+    assert big.persistent(PersistentEngine.request_ring(big, max_batch=64, max_inflight=2)).block_b == BLOCK_B_MAX
+
+
+def test_the_sweeps_fifth_mlp_field_is_the_batch_tile(capsys):
+    from hft_infer.kernels.mlp import BLOCK_B_MAX, BLOCK_B_MIN
+
+    assert sweep.MLP_BLOCK_B == tuple(b for b in range(BLOCK_B_MIN, BLOCK_B_MAX + 1) if not b & (b - 1))
+    a = sweep.parse_args(["--models", "mlp_small", "--geometries", "0/0/0/4/16,0/0/0/0"])
+    assert a.geometries == [(0, 0, 0, 4, 16), (0, 0, 0, 0, 0)]
+    assert sweep.geometry_label(a.geometries[0], "mlp_small") == "bn=auto bk=auto ksplit=auto warps=4 bb=16"
+    assert sweep.geometry_label(a.geometries[1], "mlp_small") == "bn=auto bk=auto ksplit=auto warps=auto"
+    for bad in (["--models", "mlp_small", "--geometries", "0/0/0/0/8"],
+                ["--models", "mlp_small", "--geometries", "0/0/0/0/64"],
+                ["--models", "mlp_small,lstm_a", "--geometries", "0/0/0/0/16"]):
         with pytest.raises(SystemExit):
-            sweep.parse_args(["--models", "mlp_small", *lstm_only])
+            sweep.parse_args(bad)
+    err = capsys.readouterr().err
+    assert "block_b" in err and "on its own" in err
