@@ -198,7 +198,9 @@
 #                                          # geometry, lstm_a's batch-1 phases (~220 s); wave46 (branch
 #                                          # next/mlp-warps8): the landing and persistent kernel tests,
 #                                          # mlp_small's engine rows against BASE_TGZ's, the MLP's batch
-#                                          # tile and lstm_a's warps swept (~420 s)
+#                                          # tile and lstm_a's warps swept (~420 s); wave46d: wave46's
+#                                          # lstm_a mismatches -- diag_kernel_repeat's variants at once,
+#                                          # then one after another, and the shard test thrice (~420 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2110,6 +2112,20 @@ elif [ "$phase" = wave46 ]; then
        --batches 1,2 --geometries 4/0/4/0/32,4/0/2/0/32,4/0/8/0/32 --emit 2 --json "$WORK/sweep_lstm_warps.json"
   summarize
   verbatim gpu_tests engines_new1 engines_base1 sweep_mlp_bb sweep_lstm_warps
+elif [ "$phase" = wave46d ]; then
+  # wave46 saw lstm_a window fp32 answers diverge twice (the kernel test's request 12; the 4-shard engine's
+  # self-check): which path -- the inline reads, the emitted pass -- by repeating the kernel test's child under
+  # variants (at once, as the test runs its cases, then one after another), and the shard test thrice
+  step diag_repeat_par 240 $PY tools/diag_kernel_repeat.py --steps 240 --rounds 3 --parallel \
+       --variants default,inline0,emit0,plain --timeout 90
+  step diag_repeat_seq 120 $PY tools/diag_kernel_repeat.py --steps 240 --rounds 2 --variants default,inline0 \
+       --timeout 50
+  for k in 1 2 3; do
+    step "shard_test$k" 60 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
+         -k shard_s_persistent
+  done
+  summarize
+  verbatim diag_repeat_par diag_repeat_seq shard_test1 shard_test2 shard_test3
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads

@@ -400,9 +400,10 @@ GPU_CASES = {  # name: (preset, family, precision)
 KNOWN_DIVERGENT: set[str] = set()
 
 
-def _gpu_child(name: str) -> None:
+def _gpu_child(name: str, steps: int = 48) -> None:
     """Own process: the persistent kernel on the GPU, float64 references on the CPU (nothing
-    else may wait on the GPU while the kernel spins)."""
+    else may wait on the GPU while the kernel spins). steps: requests submitted (every 13th a
+    reset; tools/diag_kernel_repeat.py runs more)."""
     preset, family, precision = GPU_CASES[name]
     dev = torch.device("cuda")
     spec, params = preset_params(preset, seed=zlib.crc32(name.encode()) % 1000)
@@ -423,7 +424,7 @@ def _gpu_child(name: str) -> None:
     step_seqs = []
     batches = [1, 8, 64, 5, 64, 1, 63, 8]
     try:
-        for step in range(48):
+        for step in range(steps):
             if step % 13 == 12:
                 ops = (("reset", 3),)
             else:
