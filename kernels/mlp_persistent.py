@@ -133,10 +133,12 @@ request published, its own layer-1 partials done, every program's arrival seen (
 layers 2..3 and the decision, up to "done") -- then the last program's sight of the mailbox."""
 
 
-NUM_WARPS = 8
-"""The engine's warps a program: mlp_small batch 1 took 11.4 µs of device time at 8 against 14.7 at 4
-(H100, wave 45: every phase shorter -- the lead's partials, the arrivals and the finish's split-K sum
-spread over twice the threads); 111 registers a thread, no spills (bf16: 128)."""
+NUM_WARPS = 4
+"""The engine's warps a program, with batch tiles of BLOCK_B_MIN rows (wave 46, H100, mlp_small device
+µs at batch 1 / 8 / 64 -- 4 warps, 16-row tiles: 8.3 / 9.4 / 35.0; 8 warps, 16: 9.1 / 10.3 / 38.4;
+8 warps, 32: 11.6 / 13.5 / 35.1; 4 warps, 32 (the build before): 14.2 / 16.3 / 39.7). A small request
+pays for a whole tile's products: 16 rows halve them at batch 1, and a large one loops over more
+tiles for about the same time."""
 
 
 class MlpPersistent(PersistentKernel):
@@ -144,8 +146,8 @@ class MlpPersistent(PersistentKernel):
 
     Each entry's window goes in the request's rows[b] ([W, F], oldest first, zero rows before
     the instrument's first). thresholds float32 [2], held int8/int32 [n_slots] on the device.
-    block_b: the rows of a batch tile (a power of two, BLOCK_B_MIN..BLOCK_B_MAX; default: the
-    ring's max batch rounded up, within those bounds) -- a larger request loops over tiles."""
+    block_b: the rows of a batch tile (a power of two, BLOCK_B_MIN..BLOCK_B_MAX; default
+    BLOCK_B_MIN: see NUM_WARPS) -- a larger request loops over tiles."""
 
     def __init__(self, w: MlpWeights, ring: RequestRing, thresholds: torch.Tensor, held: torch.Tensor, *,
                  num_warps: int = NUM_WARPS, block_b: int | None = None, timing: bool = False,
@@ -167,7 +169,7 @@ class MlpPersistent(PersistentKernel):
         max_batch = ring.max_batch
         if block_b is not None and (block_b < BLOCK_B_MIN or block_b > BLOCK_B_MAX or block_b & (block_b - 1)):
             raise ValueError(f"block_b {block_b}: a power of two from {BLOCK_B_MIN} to {BLOCK_B_MAX}")
-        self.block_b = block_b or min(BLOCK_B_MAX, max(BLOCK_B_MIN, triton.next_power_of_2(max_batch)))
+        self.block_b = block_b or BLOCK_B_MIN
         self.part = torch.zeros(w.ksplit * max_batch * w.h1p, dtype=torch.float32, device=dev)
 
     @property

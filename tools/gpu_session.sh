@@ -199,8 +199,8 @@
 #                                          # next/mlp-warps8): the landing and persistent kernel tests,
 #                                          # mlp_small's engine rows against BASE_TGZ's, the MLP's batch
 #                                          # tile and lstm_a's warps swept (~420 s); wave46d: wave46's
-#                                          # lstm_a mismatches -- diag_kernel_repeat's variants at once,
-#                                          # then one after another, and the shard test thrice (~420 s)
+#                                          # lstm_a mismatches -- diag_kernel_repeat's variants at once --
+#                                          # then the landing tests and mlp_small's rows (~520 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2115,17 +2115,15 @@ elif [ "$phase" = wave46 ]; then
 elif [ "$phase" = wave46d ]; then
   # wave46 saw lstm_a window fp32 answers diverge twice (the kernel test's request 12; the 4-shard engine's
   # self-check): which path -- the inline reads, the emitted pass -- by repeating the kernel test's child under
-  # variants (at once, as the test runs its cases, then one after another), and the shard test thrice
-  step diag_repeat_par 240 $PY tools/diag_kernel_repeat.py --steps 240 --rounds 3 --parallel \
+  # variants (at once, as the test runs its cases); then the landing tests and mlp_small's engine rows (4 warps,
+  # 16-row tiles) against BASE_TGZ's (main: 4 warps, 32-row tiles)
+  step diag_repeat_par 200 $PY tools/diag_kernel_repeat.py --steps 240 --rounds 2 --parallel \
        --variants default,inline0,emit0,plain --timeout 90
-  step diag_repeat_seq 120 $PY tools/diag_kernel_repeat.py --steps 240 --rounds 2 --variants default,inline0 \
-       --timeout 50
-  for k in 1 2 3; do
-    step "shard_test$k" 60 $PY -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu_engines.py \
-         -k shard_s_persistent
-  done
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  setup_base
+  engines_ab 1 60 --quick --engines persistent --models mlp_small/window --batches 1,8,64
   summarize
-  verbatim diag_repeat_par diag_repeat_seq shard_test1 shard_test2 shard_test3
+  verbatim diag_repeat_par gpu_tests engines_new1 engines_base1
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads

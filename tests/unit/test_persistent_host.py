@@ -260,24 +260,23 @@ def test_mlp_phase_medians_split_detect_to_done():
 
 
 def test_the_mlp_kernel_takes_the_engines_warps_and_a_checked_batch_tile(compiled_mode):
-    # the engine's build: NUM_WARPS a program, the batch tile from the ring's max batch (8 -> the smallest
-    # tile, 16); block_b sets the tile for the sweep, a power of two within the launched kernel's bounds
+    # the engine's build: NUM_WARPS a program and the smallest batch tile whatever the ring's max batch (a
+    # larger request loops over tiles); block_b sets the tile for the sweep, a power of two within the
+    # launched kernel's bounds
     from hft_infer.kernels.mlp import BLOCK_B_MAX, BLOCK_B_MIN
     from hft_infer.kernels.mlp_persistent import NUM_WARPS, MlpPersistent
 
-    kstep = cpu_kernel_step("mlp_small", 8)
-    eng = kstep.persistent(PersistentEngine.request_ring(kstep, max_batch=8, max_inflight=2))
-    assert eng.num_warps == NUM_WARPS == 8 and eng.block_b == BLOCK_B_MIN
-    assert eng._launch_spec()[3]["num_warps"] == NUM_WARPS and eng._launch_spec()[3]["BLOCK_B"] == BLOCK_B_MIN
-    k = MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, block_b=BLOCK_B_MAX, num_warps=4)
-    assert k.block_b == BLOCK_B_MAX and k._launch_spec()[3]["BLOCK_B"] == BLOCK_B_MAX
-    assert k._launch_spec()[3]["num_warps"] == 4
+    for max_batch in (8, 64):
+        kstep = cpu_kernel_step("mlp_small", max_batch)
+        eng = kstep.persistent(PersistentEngine.request_ring(kstep, max_batch=max_batch, max_inflight=2))
+        consts = eng._launch_spec()[3]
+        assert eng.num_warps == consts["num_warps"] == NUM_WARPS == 4
+        assert eng.block_b == consts["BLOCK_B"] == BLOCK_B_MIN == 16
+    k = MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, block_b=BLOCK_B_MAX, num_warps=8)
+    assert k.block_b == k._launch_spec()[3]["BLOCK_B"] == BLOCK_B_MAX and k._launch_spec()[3]["num_warps"] == 8
     for bad in (0, 8, 24, 2 * BLOCK_B_MAX):
         with pytest.raises(ValueError, match="block_b"):
             MlpPersistent(eng.w, eng.ring, eng.thresholds, eng.held, block_b=bad)
-    # a ring of 64 entries a request: the largest tile, looped over by the kernel
-    big = cpu_kernel_step("mlp_small", 64)
-    assert big.persistent(PersistentEngine.request_ring(big, max_batch=64, max_inflight=2)).block_b == BLOCK_B_MAX
 
 
 def test_the_sweeps_fifth_mlp_field_is_the_batch_tile(capsys):
