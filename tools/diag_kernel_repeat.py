@@ -45,7 +45,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="default,inline0,emit0")
     ap.add_argument("--parallel", action="store_true")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds a run may take")
+    ap.add_argument("--timeout", type=float, default=240.0,
+                    help="seconds a run may take (a fresh machine compiles each variant first: ~30 s; wave46d's "
+                         "240-step runs, four at once, took over 90)")
     ap.add_argument("--child", nargs=3, metavar=("CASE", "STEPS", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.variants = [v for v in a.variants.split(",") if v]
@@ -77,7 +79,9 @@ def _finish(p: subprocess.Popen, variant: str, rnd: int, t0: float, timeout: flo
     except subprocess.TimeoutExpired:
         p.kill()
         out, _ = p.communicate()
-        print(f"round {rnd} {variant:8s} TIMEOUT (hung kernel?)", flush=True)
+        tail = " | ".join(ln.strip() for ln in (out or "").strip().splitlines()[-3:])
+        print(f"round {rnd} {variant:8s} TIMEOUT after {timeout:.0f}s (hung kernel, or --timeout too short): "
+              f"{tail or '(no output)'}", flush=True)
         return False
     lines = [ln for ln in out.strip().splitlines() if ln.strip()]
     ok = p.returncode == 0

@@ -200,7 +200,8 @@
 #                                          # mlp_small's engine rows against BASE_TGZ's, the MLP's batch
 #                                          # tile and lstm_a's warps swept (~420 s); wave46d: wave46's
 #                                          # lstm_a mismatches -- diag_kernel_repeat's variants at once --
-#                                          # then the landing tests and mlp_small's rows (~520 s)
+#                                          # then the landing tests and mlp_small's rows (~520 s);
+#                                          # wave46e: the diag's variants one after another (~280 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2124,6 +2125,13 @@ elif [ "$phase" = wave46d ]; then
   engines_ab 1 60 --quick --engines persistent --models mlp_small/window --batches 1,8,64
   summarize
   verbatim diag_repeat_par gpu_tests engines_new1 engines_base1
+elif [ "$phase" = wave46e ]; then
+  # wave46d's diag ran out of time (240-step runs, four at once, over 90 s each): the test's own 48 steps, the
+  # variants one after another, the engine's build against every request through the copy graph
+  step diag_repeat_seq 270 $PY tools/diag_kernel_repeat.py --steps 48 --rounds 3 --variants default,inline0 \
+       --timeout 100
+  summarize
+  verbatim diag_repeat_seq
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads
