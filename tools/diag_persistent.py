@@ -45,17 +45,17 @@ TOL = 1e-4  # fp32: the self-check's tolerance
 N_SLOTS = 64
 
 
-def _runtime(preset: str, engine: str, extra: list[str] = ()):
-    """The service's runtime for `preset` (or `preset/mode`) on `engine`, self-check off; extra:
-    more config overrides (tools/diag_ring_order.py's variants)."""
+def _runtime(preset: str, engine: str, extra: list[str] = (), n_slots: int = N_SLOTS):
+    """The service's runtime for `preset` (or `preset/mode`) on `engine`, self-check off, n_slots
+    instruments; extra: more config overrides (tools/diag_ring_order.py's variants)."""
     device = "cpu" if engine == "eager" else "cuda"
     preset, _, mode = preset.partition("/")
     extra = [*extra, f'model.mode="{mode}"'] if mode else list(extra)
     cfg = load_config(None, ['model.checkpoint=""', f'model.preset="{preset}"', f'runner.engine="{engine}"',
                              f'runner.device="{device}"', "runner.self_check=false",
-                             f"universe.instruments={N_SLOTS}", "scheduler.max_batch=64",
+                             f"universe.instruments={n_slots}", "scheduler.max_batch=64",
                              "runner.buckets=[1, 2, 4, 8, 16, 32, 64]", *extra])
-    return build_runtime(cfg, N_SLOTS)
+    return build_runtime(cfg, n_slots)
 
 
 def _prewritten(engine, store, data: np.ndarray, slots: np.ndarray, batches: list[int]):

@@ -201,7 +201,9 @@
 #                                          # tile and lstm_a's warps swept (~420 s); wave46d: wave46's
 #                                          # lstm_a mismatches -- diag_kernel_repeat's variants at once --
 #                                          # then the landing tests and mlp_small's rows (~520 s);
-#                                          # wave46e: the diag's variants one after another (~280 s)
+#                                          # wave46e: the diag's variants one after another (~280 s);
+#                                          # wave47: the self-check stream 200 times a variant through the
+#                                          # 4-shard lstm_a engine, then on every SM (~300 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2132,6 +2134,15 @@ elif [ "$phase" = wave46e ]; then
        --timeout 100
   summarize
   verbatim diag_repeat_seq
+elif [ "$phase" = wave47 ]; then
+  # lstm_a's intermittent divergence (wave 46): the self-check stream through the 4-shard engine (33 programs, 8
+  # instruments: the shard test's) 200 times a variant -- with and without the inline reads and the emitted pass
+  # -- each failing run reported by instrument with the path of its last request; then every SM
+  step diag_self_check 300 $PY tools/diag_self_check_repeat.py --repeat 200 --programs 33 \
+       --variants default,inline0,emit0,plain
+  step diag_self_check_all 120 $PY tools/diag_self_check_repeat.py --repeat 200 --programs 0 --variants default
+  summarize
+  verbatim diag_self_check diag_self_check_all
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads
