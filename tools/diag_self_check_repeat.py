@@ -125,7 +125,10 @@ def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -
                     print(f"  {variant} run {i + 1}: " + "\n    ".join(lines), flush=True)
     finally:
         eng.close()
-    print(f"{variant:8s} failed {failed} of {a.repeat} runs ({eng.name}: {eng.reason})", flush=True)
+    k = getattr(eng, "kernel", None)
+    limits = (f", inline <= {k.ring.inline_entries}, emitted <= {k.emit_entries}, {k.programs} programs"
+              if hasattr(k, "emit_entries") else "")  # what the variant built (its options took)
+    print(f"{variant:8s} failed {failed} of {a.repeat} runs ({eng.name}: {eng.reason}{limits})", flush=True)
     return failed
 
 

@@ -9,6 +9,11 @@ from types import SimpleNamespace
 import diag_self_check_repeat as diag
 import numpy as np
 import pytest
+from diag_kernel_repeat import VARIANTS
+from kernel_compile import cpu_kernel_step
+
+from hft_infer.kernels.lstm_persistent import LstmPersistent
+from hft_infer.runner.gpu import PersistentEngine
 
 
 def test_request_paths_follow_the_kernels_limits():
@@ -46,3 +51,16 @@ def test_the_tool_runs_the_self_check_stream_on_the_cpu_engine(capsys):
     assert "default  failed 0 of 2 runs (eager" in out
     with pytest.raises(SystemExit):
         diag.parse_args(["--variants", "default,fast"])
+
+
+def test_a_variant_reaches_the_kernel_the_engine_builds(monkeypatch):
+    # both diag tools set LstmPersistent's keyword defaults before the engine builds its kernel (the engine passes
+    # neither option): built as for a GPU on the CPU (never started), each variant's limits are the kernel's
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kstep = cpu_kernel_step("lstm_a", 8)
+    built, engines_own = {}, dict(LstmPersistent.__init__.__kwdefaults__)
+    for name, options in VARIANTS.items():
+        monkeypatch.setattr(LstmPersistent.__init__, "__kwdefaults__", {**engines_own, **options})
+        k = kstep.persistent(PersistentEngine.request_ring(kstep, max_batch=8, max_inflight=2), max_programs=132)
+        built[name] = (k.ring.inline_entries, k.emit_entries)
+    assert built == {"default": (2, 2), "inline0": (0, 2), "emit0": (2, 0), "plain": (0, 0)}
