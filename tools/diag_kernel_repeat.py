@@ -46,8 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default="default,inline0,emit0")
     ap.add_argument("--parallel", action="store_true")
     ap.add_argument("--timeout", type=float, default=240.0,
-                    help="seconds a run may take (a fresh machine compiles each variant first: ~30 s; wave46d's "
-                         "240-step runs, four at once, took over 90)")
+                    help="seconds a run may take, from its round's start under --parallel (a fresh machine "
+                         "compiles each variant first: ~30 s; a 240-step run took ~9 s alone, and four at once "
+                         "took over 90)")
     ap.add_argument("--child", nargs=3, metavar=("CASE", "STEPS", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.variants = [v for v in a.variants.split(",") if v]
