@@ -44,8 +44,10 @@ INLINE_MAX_BYTES of rows): submit writes only the pinned header, flagged INLINE_
 nothing; the lead, which polls the pinned header beside the device one (one PCIe read a poll, by
 thread 0 alone: `_lead_take_request`), reads the slot's slots, positions and rows from pinned
 memory in place (three loads in flight at once, one element a thread, issued after the header was
-seen, which x86 wrote after them) and stores them into the device slot before it publishes the
-request, so every other program reads device memory as before. What it
+seen, which x86 wrote after them -- after it in time: no acquire orders the other warps' loads after
+thread 0's sight of it, a suspect in wave 46's open divergence, docs/notes/kernels.md) and stores
+them into the device slot before it publishes the request, so every other program reads device
+memory as before. What it
 saves: the copy graph's launch on the host (~3.8 µs) and its two copies; what it costs: the PCIe
 reads on the lead (~1 µs each, docs/notes/kernels.md).
 
@@ -459,7 +461,8 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
             bm = b < n
             q = tl.arange(0, RB)
             qm = q < n * RW
-            # the three reads in flight at once; issued after the header was seen (x86 wrote them before it)
+            # the three reads in flight at once; issued after the header was seen (x86 wrote them before it) --
+            # in time only: no acquire between thread 0's sight of it and the other warps' loads (wave 46)
             sl = tl.load(pay_h_i_ptr + k * PW + b, mask=bm, volatile=True)
             ps = tl.load(pay_h_i_ptr + k * PW + MAX_B + b, mask=bm, volatile=True)
             rows = tl.load(pay_h_f_ptr + k * (2 * PW) + ROWS_AT + q, mask=qm, volatile=True)

@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 VARIANTS = {
     "default": {},
@@ -58,15 +59,29 @@ def parse_args(argv=None):
     return a
 
 
+@contextmanager
+def lstm_variant(variant: str):
+    """LstmPersistent's keyword defaults set for `variant` inside the block (every kernel built there,
+    the engine's included -- it passes neither option), restored after it."""
+    from hft_infer.kernels.lstm_persistent import LstmPersistent
+
+    defaults = LstmPersistent.__init__.__kwdefaults__
+    saved = dict(defaults)
+    defaults.update(VARIANTS[variant])
+    try:
+        yield
+    finally:
+        defaults.clear()
+        defaults.update(saved)
+
+
 def child(case: str, steps: int, variant: str) -> None:
     """The test's GPU child with LstmPersistent's keyword defaults set for `variant`."""
     sys.path.insert(0, TESTS)
-    from hft_infer.kernels.lstm_persistent import LstmPersistent
-
-    LstmPersistent.__init__.__kwdefaults__.update(VARIANTS[variant])
     import test_kernel_persistent as t
 
-    t._gpu_child(case, steps)
+    with lstm_variant(variant):
+        t._gpu_child(case, steps)
 
 
 def _spawn(a, variant: str) -> subprocess.Popen:

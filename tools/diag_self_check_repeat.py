@@ -28,7 +28,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
-from diag_kernel_repeat import VARIANTS
+from diag_kernel_repeat import VARIANTS, lstm_variant
 from diag_persistent import TOL, _runtime
 
 from hft_infer.runner.self_check import check_stream, drive
@@ -56,13 +56,12 @@ def request_paths(kernel, batches: list[int]) -> list[str]:
     """Each request's path through a persistent LSTM kernel, by its batch size: "inline" (the lead
     read it from pinned memory), "emitted" (answered before the full pass), "wide" (the full pass's
     second tiling); "-" where none applies (or no such kernel: the eager engine)."""
-    inline = getattr(getattr(kernel, "ring", None), "inline_entries", 0)
-    emit = getattr(kernel, "emit_entries", 0)
-    wide_rows, states = getattr(kernel, "wide_rows", 0), getattr(kernel, "states", 1)
+    if not hasattr(kernel, "emit_entries"):  # no persistent LSTM kernel
+        return ["-"] * len(batches)
     out = []
     for b in batches:
-        tags = [t for t, on in (("inline", b <= inline), ("emitted", b <= emit),
-                                ("wide", wide_rows > 0 and b * states >= wide_rows)) if on]
+        tags = [t for t, on in (("inline", b <= kernel.ring.inline_entries), ("emitted", b <= kernel.emit_entries),
+                                ("wide", kernel.wide_rows > 0 and b * kernel.states >= kernel.wide_rows)) if on]
         out.append("+".join(tags) or "-")
     return out
 
@@ -99,18 +98,8 @@ def mismatch_report(got: np.ndarray, want: np.ndarray, slots: np.ndarray, batche
 def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -> int:
     """--repeat runs of the stream through the engine built under `variant`; the failing runs' count."""
     extra = [f"runner.persistent_programs={a.programs}"] if a.engine == "persistent" else []
-    if a.engine == "persistent":
-        from hft_infer.kernels.lstm_persistent import LstmPersistent
-
-        defaults = LstmPersistent.__init__.__kwdefaults__
-        saved = dict(defaults)
-        defaults.update(VARIANTS[variant])
-    try:
+    with lstm_variant(variant):
         rt = _runtime(a.preset, a.engine, extra, n_slots=a.slots)
-    finally:
-        if a.engine == "persistent":
-            defaults.clear()
-            defaults.update(saved)
     eng, store = rt.engine, rt.store
     paths = request_paths(getattr(eng, "kernel", None), batches)
     failed = 0
