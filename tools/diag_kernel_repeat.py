@@ -14,6 +14,8 @@ mismatch. A variant sets LstmPersistent's keyword defaults in the child before t
     inline0   inline_entries=0: every request through the ring's copy graph
     emit0     emit_entries=0: no emitted pass (every answer from the full pass)
     plain     both off
+    narrow    wide_min_entries=2**20: the wide tiling compiled in but never taken (every full pass in
+              the batch-1 tiling)
 
 --parallel runs a round's variants at once (as the test runs its cases: the GPU time-slices the
 contexts); otherwise one after another. Prints a line per run and a count per variant; exit 0.
@@ -34,6 +36,7 @@ VARIANTS = {
     "inline0": {"inline_entries": 0},
     "emit0": {"emit_entries": 0},
     "plain": {"inline_entries": 0, "emit_entries": 0},
+    "narrow": {"wide_min_entries": 1 << 20},
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests", "kernels")

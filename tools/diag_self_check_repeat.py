@@ -13,17 +13,24 @@ SM), drives the check stream (runner/self_check.py: the rows, slots and batches 
 uses) through the CPU engine once and through it --repeat times, the kernel restarted on zeroed
 state before each run (`engine.reset()`, as after the warm-up), and counts the runs whose scores
 differ. Variants (LstmPersistent's keyword defaults, set before the engine is built):
-tools/diag_kernel_repeat.py's default / inline0 / emit0 / plain.
+tools/diag_kernel_repeat.py's VARIANTS (default, inline0, emit0, plain, narrow).
 
 A failing run prints its mismatches by instrument -- the first row of each and how many -- and
 the path of the request each diverging instrument was last in before its first bad row (batch
 size; inline, emitted, wide), since a state the kernel wrote wrong shows only in the instrument's
-later answers. --engine eager runs the same on the CPU (this tool's logic: no variant applies).
+later answers. A run whose kernel stops answering (wave 47 saw one: wrong scores, then the next
+request never answered) prints the device's sync block as the kernel left it -- the lead's last
+broadcast and every counter as programs x rounds + the programs that arrived in the round in
+progress -- and ends its variant: a spinning kernel cannot be stopped, so each variant runs in a
+process of its own (--isolate, the default with the persistent engine; --variant-timeout bounds
+it). --engine eager runs the same on the CPU (this tool's logic: no variant applies).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -31,7 +38,11 @@ import numpy as np
 from diag_kernel_repeat import VARIANTS, lstm_variant
 from diag_persistent import TOL, _runtime
 
+from hft_infer.kernels.persistent import CNT_DONE, KIND_STOP, LINE, MB_REQ
+from hft_infer.runner.base import EngineFailure
 from hft_infer.runner.self_check import check_stream, drive
+
+STUCK_EXIT = 3  # a variant's process after a kernel that stopped answering (it cannot be stopped)
 
 
 def parse_args(argv=None):
@@ -44,6 +55,10 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default="default,inline0,emit0,plain")
     ap.add_argument("--engine", default="persistent", choices=("persistent", "eager"))
     ap.add_argument("--show", type=int, default=3, help="failing runs reported in full, per variant")
+    ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                    help="each variant in a process of its own (default: on with the persistent engine)")
+    ap.add_argument("--variant-timeout", type=float, default=240.0,
+                    help="seconds a variant's process may take (--isolate)")
     a = ap.parse_args(argv)
     a.variants = [v for v in a.variants.split(",") if v]
     bad = [v for v in a.variants if v not in VARIANTS]
@@ -95,6 +110,35 @@ def mismatch_report(got: np.ndarray, want: np.ndarray, slots: np.ndarray, batche
     return lines
 
 
+def stuck_report(kernel, layers: int) -> list[str]:
+    """Lines describing the sync block of a persistent kernel that stopped answering, read while it
+    spins (a copy on a stream of its own: the kernel's never ends): the lead's last broadcast
+    (request, entries, kind) and each counter as whole rounds of every program plus the programs
+    that arrived in the round in progress (a barrier some program never reached)."""
+    import torch
+
+    sync = kernel.sync
+    if sync.is_cuda:
+        host = torch.empty(sync.shape, dtype=sync.dtype, pin_memory=True)
+        side = torch.cuda.Stream(device=sync.device)
+        with torch.cuda.stream(side):
+            host.copy_(sync, non_blocking=True)
+        side.synchronize()
+    else:
+        host = sync.clone()
+    words = host.tolist()
+    nprog = kernel.programs
+    mb = words[MB_REQ]
+    kind = (mb >> 48) & 0xFF
+    lines = [f"sync block ({nprog} programs): last broadcast request {mb & 0xFFFFFFFF}, {(mb >> 32) & 0xFFFF} "
+             f"entries, kind {'stop' if kind == KIND_STOP else kind}"]
+    names = ["done"] + [f"layer {ph}" for ph in range(layers)]
+    for i, name in enumerate(names):
+        v = words[(CNT_DONE + i) * LINE]
+        lines.append(f"{name} counter {v} = {v // nprog} rounds + {v % nprog} of {nprog} programs")
+    return lines
+
+
 def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -> int:
     """--repeat runs of the stream through the engine built under `variant`; the failing runs' count."""
     extra = [f"runner.persistent_programs={a.programs}"] if a.engine == "persistent" else []
@@ -106,7 +150,17 @@ def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -
     try:
         for i in range(a.repeat):
             eng.reset()
-            got, _ = drive(eng, store, data, slots, batches)
+            try:
+                got, _ = drive(eng, store, data, slots, batches)
+            except EngineFailure as e:
+                k = eng.kernel
+                layers = getattr(getattr(k, "w", None), "layers", 0)
+                report = stuck_report(k, layers) + [f"host: {k.ring.seq} submitted, {k.ring.in_flight} in flight"]
+                print(f"  {variant} run {i + 1}: STUCK after {failed} failing runs: {e}\n    " + "\n    ".join(report),
+                      flush=True)
+                print(f"{variant:8s} stuck in run {i + 1} of {a.repeat} ({failed} failed before it)", flush=True)
+                sys.stdout.flush()
+                os._exit(STUCK_EXIT)  # not close(): stop() would wait for a kernel that never ends
             lines = mismatch_report(got, ref_scores, slots, batches, paths)
             if lines:
                 failed += 1
@@ -138,8 +192,21 @@ def main(argv=None) -> int:
     print(f"{a.preset}: the self-check stream ({len(data)} rows, {len(batches)} requests, {a.slots} instruments), "
           f"{a.repeat} runs a variant"
           + (f", programs {a.programs or 'every SM'}" if a.engine == "persistent" else ""), flush=True)
-    for v in a.variants if a.engine == "persistent" else ["default"]:
-        run_variant(a, v, want, data, slots, batches)
+    variants = a.variants if a.engine == "persistent" else ["default"]
+    if not (a.engine == "persistent" if a.isolate is None else a.isolate):
+        for v in variants:
+            run_variant(a, v, want, data, slots, batches)
+        return 0
+    for v in variants:  # one process a variant: a kernel that stops answering takes its process with it
+        cmd = [sys.executable, __file__, "--no-isolate", "--engine", a.engine, "--variants", v, "--preset", a.preset,
+               "--slots", str(a.slots), "--programs", str(a.programs), "--repeat", str(a.repeat), "--show", str(a.show)]
+        try:
+            rc = subprocess.run(cmd, timeout=a.variant_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if rc not in (0, STUCK_EXIT):
+            print(f"{v:8s} ended without its count (exit {rc}; --variant-timeout {a.variant_timeout:g} s)",
+                  flush=True)
     return 0
 
 

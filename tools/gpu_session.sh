@@ -203,7 +203,9 @@
 #                                          # then the landing tests and mlp_small's rows (~520 s);
 #                                          # wave46e: the diag's variants one after another (~280 s);
 #                                          # wave47: the self-check stream 200 times a variant through the
-#                                          # 4-shard lstm_a engine, then on every SM (~300 s)
+#                                          # 4-shard lstm_a engine, then on every SM (~300 s);
+#                                          # wave47b: the GPU tests, then the fix's self-check stream 150 times
+#                                          # (default, narrow) (~380 s); wave47d: that stream alone (~120 s); wave47c: lstm_a against BASE_TGZ
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2143,6 +2145,28 @@ elif [ "$phase" = wave47 ]; then
   step diag_self_check_all 120 $PY tools/diag_self_check_repeat.py --repeat 200 --programs 0 --variants default
   summarize
   verbatim diag_self_check diag_self_check_all
+elif [ "$phase" = wave47b ]; then
+  # the lead's CTA-uniform poll (wave 47: warps leaving the inline build's poll loop at different polls put their
+  # barriers out of step): the self-check stream where wave 47 saw wrong scores and a stuck kernel (33 programs,
+  # each variant in a process of its own), after the landing tests with the persistent kernel test (first: a landing
+  # needs them)
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step diag_self_check 100 $PY tools/diag_self_check_repeat.py --repeat 150 --programs 33 --variant-timeout 48 \
+       --variants default,narrow
+  summarize
+  verbatim diag_self_check gpu_tests
+elif [ "$phase" = wave47d ]; then
+  # wave47b's self-check stream alone (a short device budget: the fix's evidence before its landing tests)
+  step diag_self_check 120 $PY tools/diag_self_check_repeat.py --repeat 200 --programs 33 --variant-timeout 58 \
+       --variants default,narrow
+  summarize
+  verbatim diag_self_check
+elif [ "$phase" = wave47c ]; then
+  # lstm_a's rows against BASE_TGZ's (main) to price the CTA-uniform poll
+  setup_base
+  engines_ab 1 60 --quick --engines persistent --models lstm_a/window --batches 1,2,8
+  summarize
+  verbatim engines_new1 engines_base1
 elif [ "$phase" = wave45m ]; then
   # after wave45: where the persistent MLP's device time goes (phases by geometry: the packing's own, fewer
   # programs with wider blocks, 8 warps), and lstm_a's batch-1 phases with the one-warp pinned reads
