@@ -251,7 +251,7 @@ class SchedulerConfig(_Section):
 
 class RunnerConfig(_Section):
     engine: Literal["auto", "eager", "graph", "persistent"] = "auto"
-    """auto: graph where CUDA works, else eager (the CPU path). persistent only when named: self-checked at start-up, but lstm_a diverges on it now and then (wave 46, open: serve production on graph); slower than graph for the MLP and at batch 64, faster for the LSTMs' requests of one or two windows since waves 42-44 (BENCHMARKS.md; one end-to-end run, not yet a default)."""
+    """auto: graph where CUDA works, else eager (the CPU path). persistent only when named: self-checked at start-up, but lstm_a diverges on it now and then (wave 46; traced in wave 47, the fix not yet landed: serve production on graph); slower than graph for the MLP and at batch 64, faster for the LSTMs' requests of one or two windows since waves 42-44 (BENCHMARKS.md; one end-to-end run, not yet a default)."""
     device: str = "auto"
     """auto (cuda:0 when available, else cpu), cpu, cuda, cuda:N."""
     buckets: list[PosInt] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
