@@ -225,6 +225,12 @@
 # $OUT/summary.json and $OUT/session.log come back beside it.
 set -u
 phase=${1:-e2e}
+# an unknown phase stops here, before any device time is spent (a typo once ran the `kernels` benches instead)
+if [ "$phase" != kernels ] && ! grep -qE "^(el)?if .*\"\\\$phase\" = $phase \]" "$0"; then
+  echo "gpu_session.sh: unknown phase '$phase' (phases: kernels $(grep -E '^(el)?if ' "$0" \
+       | grep -oE '"\$phase" = [A-Za-z0-9_]+ \]' | awk '{print $3}' | sort -uV | tr '\n' ' '))" >&2
+  exit 2
+fi
 OUT=${OUT:-gpu-out}
 BUDGET_S=${BUDGET_S:-540}
 WORK=${WORK:-$(mktemp -d /tmp/gpu-session-XXXXXX)}  # `WORK=DIR tools/gpu_session.sh summary`: re-summarise
@@ -2204,7 +2210,7 @@ elif [ "$phase" = smoke ]; then
   step kernel_tests 300 $PY -m pytest -q -rs -p no:cacheprovider --durations=10 tests/kernels
   step bench_engines_quick 120 $PY tools/bench_engines.py --steps 300 --models lstm_a --batches 1,8
   bench e2e_quick 150 -c configs/gpu.toml --with-floor --rate 5000 --duration 2
-else
+else  # kernels
   step bench_kernels 260 $PY tools/bench_kernels.py
   cp -f bench_kernels.json "$WORK/" 2>/dev/null
   step bench_engines 200 $PY tools/bench_engines.py --steps 3000 --json "$WORK/bench_engines.json"
