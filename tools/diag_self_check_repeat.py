@@ -156,10 +156,8 @@ def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -
                 k = eng.kernel
                 layers = getattr(getattr(k, "w", None), "layers", 0)
                 report = stuck_report(k, layers) + [f"host: {k.ring.seq} submitted, {k.ring.in_flight} in flight"]
-                print(f"  {variant} run {i + 1}: STUCK after {failed} failing runs: {e}\n    " + "\n    ".join(report),
-                      flush=True)
+                print(f"  {variant} run {i + 1}: {e}\n    " + "\n    ".join(report), flush=True)
                 print(f"{variant:8s} stuck in run {i + 1} of {a.repeat} ({failed} failed before it)", flush=True)
-                sys.stdout.flush()
                 os._exit(STUCK_EXIT)  # not close(): stop() would wait for a kernel that never ends
             lines = mismatch_report(got, ref_scores, slots, batches, paths)
             if lines:
@@ -184,6 +182,20 @@ def main(argv=None) -> int:
             print("diag_self_check_repeat: --engine persistent needs CUDA (--engine eager runs on the CPU)",
                   file=sys.stderr)
             return 2
+    variants = a.variants if a.engine == "persistent" else ["default"]
+    if a.engine == "persistent" if a.isolate is None else a.isolate:
+        for v in variants:  # one process a variant: a kernel that stops answering takes its process with it
+            cmd = [sys.executable, __file__, "--no-isolate", "--engine", a.engine, "--variants", v, "--preset",
+                   a.preset, "--slots", str(a.slots), "--programs", str(a.programs), "--repeat", str(a.repeat),
+                   "--show", str(a.show)]
+            try:
+                rc = subprocess.run(cmd, timeout=a.variant_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            if rc not in (0, STUCK_EXIT):
+                print(f"{v:8s} ended without its count (exit {rc}; --variant-timeout {a.variant_timeout:g} s)",
+                      flush=True)
+        return 0
     ref = _runtime(a.preset, "eager", n_slots=a.slots)
     data, slots, batches = check_stream(ref.store.width, a.slots, min(64, a.slots))
     ref.engine.reset()
@@ -192,21 +204,8 @@ def main(argv=None) -> int:
     print(f"{a.preset}: the self-check stream ({len(data)} rows, {len(batches)} requests, {a.slots} instruments), "
           f"{a.repeat} runs a variant"
           + (f", programs {a.programs or 'every SM'}" if a.engine == "persistent" else ""), flush=True)
-    variants = a.variants if a.engine == "persistent" else ["default"]
-    if not (a.engine == "persistent" if a.isolate is None else a.isolate):
-        for v in variants:
-            run_variant(a, v, want, data, slots, batches)
-        return 0
-    for v in variants:  # one process a variant: a kernel that stops answering takes its process with it
-        cmd = [sys.executable, __file__, "--no-isolate", "--engine", a.engine, "--variants", v, "--preset", a.preset,
-               "--slots", str(a.slots), "--programs", str(a.programs), "--repeat", str(a.repeat), "--show", str(a.show)]
-        try:
-            rc = subprocess.run(cmd, timeout=a.variant_timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc not in (0, STUCK_EXIT):
-            print(f"{v:8s} ended without its count (exit {rc}; --variant-timeout {a.variant_timeout:g} s)",
-                  flush=True)
+    for v in variants:
+        run_variant(a, v, want, data, slots, batches)
     return 0
 
 
