@@ -45,7 +45,7 @@ nothing; the lead, which polls the pinned header beside the device one (one PCIe
 thread 0 alone: `_lead_take_request`), reads the slot's slots, positions and rows from pinned
 memory in place (three loads in flight at once, one element a thread, issued after the header was
 seen, which x86 wrote after them -- after it in time: no acquire orders the other warps' loads after
-thread 0's sight of it, a suspect in wave 46's open divergence, docs/notes/kernels.md) and stores
+thread 0's sight of it; wave 47 ruled it out as the divergence's cause, docs/notes/kernels.md) and stores
 them into the device slot before it publishes the request, so every other program reads device
 memory as before. What it
 saves: the copy graph's launch on the host (~3.8 µs) and its two copies; what it costs: the PCIe
@@ -462,7 +462,7 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
             q = tl.arange(0, RB)
             qm = q < n * RW
             # the three reads in flight at once; issued after the header was seen (x86 wrote them before it) --
-            # in time only: no acquire between thread 0's sight of it and the other warps' loads (wave 46)
+            # in time only: no acquire between thread 0's sight of it and the other warps' loads
             sl = tl.load(pay_h_i_ptr + k * PW + b, mask=bm, volatile=True)
             ps = tl.load(pay_h_i_ptr + k * PW + MAX_B + b, mask=bm, volatile=True)
             rows = tl.load(pay_h_f_ptr + k * (2 * PW) + ROWS_AT + q, mask=qm, volatile=True)

@@ -110,7 +110,7 @@ def mismatch_report(got: np.ndarray, want: np.ndarray, slots: np.ndarray, batche
     return lines
 
 
-def stuck_report(kernel, layers: int) -> list[str]:
+def stuck_report(kernel) -> list[str]:
     """Lines describing the sync block of a persistent kernel that stopped answering, read while it
     spins (a copy on a stream of its own: the kernel's never ends): the lead's last broadcast
     (request, entries, kind) and each counter as whole rounds of every program plus the programs
@@ -128,6 +128,7 @@ def stuck_report(kernel, layers: int) -> list[str]:
         host = sync.clone()
     words = host.tolist()
     nprog = kernel.programs
+    layers = getattr(getattr(kernel, "w", None), "layers", 0)  # an LSTM's layer barriers (none elsewhere)
     mb = words[MB_REQ]
     kind = (mb >> 48) & 0xFF
     lines = [f"sync block ({nprog} programs): last broadcast request {mb & 0xFFFFFFFF}, {(mb >> 32) & 0xFFFF} "
@@ -154,8 +155,7 @@ def run_variant(a, variant: str, ref_scores: np.ndarray, data, slots, batches) -
                 got, _ = drive(eng, store, data, slots, batches)
             except EngineFailure as e:
                 k = eng.kernel
-                layers = getattr(getattr(k, "w", None), "layers", 0)
-                report = stuck_report(k, layers) + [f"host: {k.ring.seq} submitted, {k.ring.in_flight} in flight"]
+                report = stuck_report(k) + [f"host: {k.ring.seq} submitted, {k.ring.in_flight} in flight"]
                 print(f"  {variant} run {i + 1}: {e}\n    " + "\n    ".join(report), flush=True)
                 print(f"{variant:8s} stuck in run {i + 1} of {a.repeat} ({failed} failed before it)", flush=True)
                 os._exit(STUCK_EXIT)  # not close(): stop() would wait for a kernel that never ends

@@ -205,7 +205,8 @@
 #                                          # wave47: the self-check stream 200 times a variant through the
 #                                          # 4-shard lstm_a engine, then on every SM (~300 s);
 #                                          # wave47b: the GPU tests, then the fix's self-check stream 150 times
-#                                          # (default, narrow) (~380 s); wave47d: that stream alone (~120 s); wave47c: lstm_a against BASE_TGZ
+#                                          # (default, narrow) (~380 s); wave47c: lstm_a's rows against
+#                                          # BASE_TGZ (~120 s); wave47d: wave47b's stream alone (~120 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end

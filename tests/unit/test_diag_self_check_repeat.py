@@ -56,7 +56,7 @@ def test_stuck_report_reads_the_broadcast_and_each_counters_round(monkeypatch):
     k.sync[CNT_DONE * LINE] = 32 * 28
     k.sync[(CNT_DONE + 1) * LINE] = 32 * 29
     k.sync[(CNT_DONE + 2) * LINE] = 32 * 28 + 31
-    assert diag.stuck_report(k, 2) == [
+    assert diag.stuck_report(k) == [
         "sync block (32 programs): last broadcast request 29, 8 entries, kind 0",
         "done counter 896 = 28 rounds + 0 of 32 programs",
         "layer 0 counter 928 = 29 rounds + 0 of 32 programs",
