@@ -470,6 +470,9 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
             tl.store(pay_i_ptr + k * PW + MAX_B + b, ps, mask=bm)
             tl.store(pay_f_ptr + k * (2 * PW) + ROWS_AT + q, rows, mask=qm)
             tl.debug_barrier()  # the lead's own threads read the device slot after this
+    # uniform: every warp left its poll on the same header word -- the one sum's in the inline build; in
+    # the other, each warp's own sight of the word, which stays until this request is answered (the stop
+    # flag is raised with nothing in flight, so no warp can leave on it while another sees a header)
     return kind, n
 
 
@@ -490,6 +493,8 @@ def _wait_broadcast(sync_ptr, r):
     cur = tl.load(sync_ptr + _MB_REQ, volatile=True)
     while (cur & 0xFFFFFFFF) != want:
         cur = tl.load(sync_ptr + _MB_REQ, volatile=True)
+    # uniform: each warp leaves on its own sight of the word, which stays until the lead publishes request
+    # r+2 -- only after every program has answered r+1
     return (cur >> 48) & 0xFF, ((cur >> 32) & 0xFFFF).to(tl.int32)
 
 
