@@ -206,7 +206,8 @@
 #                                          # 4-shard lstm_a engine, then on every SM (~300 s);
 #                                          # wave47b: the GPU tests, then the fix's self-check stream 150 times
 #                                          # (default, narrow) (~380 s); wave47c: lstm_a's rows against
-#                                          # BASE_TGZ (~120 s); wave47d: wave47b's stream alone (~120 s)
+#                                          # BASE_TGZ (~120 s); wave47d: wave47b's stream alone (~120 s);
+#                                          # wave48: wave47b then wave47c, to land docs/pending's 0001 (~520 s)
 #   WORK=DIR tools/gpu_session.sh summary   # the summary of an unpacked gpu-e2e.tgz again
 #
 # e2e measures, in this order (each step has its own timeout; a step that would end
@@ -2168,6 +2169,17 @@ elif [ "$phase" = wave47d ]; then
        --variants default,narrow
   summarize
   verbatim diag_self_check
+elif [ "$phase" = wave48 ]; then
+  # landing docs/pending/0001-issue-13-lead-poll.patch in one call: wave47b (the landing tests with the persistent
+  # kernel test, then the self-check stream 150 times a variant), then wave47c (lstm_a's rows against BASE_TGZ's,
+  # main without the patch: the poll's price)
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step diag_self_check 100 $PY tools/diag_self_check_repeat.py --repeat 150 --programs 33 --variant-timeout 48 \
+       --variants default,narrow
+  setup_base
+  engines_ab 1 60 --quick --engines persistent --models lstm_a/window --batches 1,2,8
+  summarize
+  verbatim gpu_tests diag_self_check engines_new1 engines_base1
 elif [ "$phase" = wave47c ]; then
   # lstm_a's rows against BASE_TGZ's (main) to price the CTA-uniform poll
   setup_base
