@@ -64,10 +64,22 @@ class Finding:
 
 
 def _tl_call(node: ast.AST) -> str | None:
-    """"sum" for `tl.sum(...)` (any `<module>.sum` of triton.language imported as tl), else None."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
-        if node.func.value.id == "tl":
-            return node.func.attr
+    """"sum" for `tl.sum(x)` (triton.language imported as tl) and for the tensor method `x.sum()`
+    (Triton's tensors carry the reductions as methods too), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        f = node.func
+        if isinstance(f.value, ast.Name) and f.value.id == "tl":
+            return f.attr
+        if f.attr in BARRIERS:
+            return f.attr
+    return None
+
+
+def _receiver(node: ast.Call) -> ast.AST | None:
+    """`x` of a method call `x.m(...)` (not of a `tl.` function): its value flows into the result."""
+    f = node.func
+    if isinstance(f, ast.Attribute) and not (isinstance(f.value, ast.Name) and f.value.id == "tl"):
+        return f.value
     return None
 
 
@@ -177,6 +189,9 @@ class Module:
             if name is None and callee in self.functions and not self.returns_uniform(callee):
                 return False
             args = list(expr.args) + [k.value for k in expr.keywords]
+            receiver = _receiver(expr)
+            if receiver is not None and name is None:  # x.to(...), x.reshape(...): x's value goes on
+                args.append(receiver)
             return all(self.uniform(a, varying) for a in args)
         if isinstance(expr, (ast.Lambda, ast.Constant)):
             return True

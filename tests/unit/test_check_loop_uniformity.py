@@ -42,6 +42,35 @@ def test_a_barrier_loop_exiting_on_a_per_warp_load_is_flagged(tmp_path):
     assert "tl.sum" in found[0].barrier and found[0].line == 9  # the while (HEAD is 3 lines, then a blank)
 
 
+def test_method_calls_carry_their_receiver_and_reductions_as_methods_count(tmp_path):
+    found = _findings(tmp_path, """
+        @triton.jit
+        def cast_of_a_load(hdr_ptr, want):
+            lane = tl.arange(0, 128)
+            hdr = tl.load(hdr_ptr, volatile=True).to(tl.int64)
+            while hdr != want:
+                hdr = tl.load(hdr_ptr, volatile=True).to(tl.int64)
+                tl.debug_barrier()
+
+        @triton.jit
+        def method_reduction(hdr_ptr, want):
+            lane = tl.arange(0, 128)
+            hdr = tl.load(hdr_ptr, volatile=True)
+            while hdr != want:
+                hdr = tl.load(hdr_ptr, volatile=True)
+                seen = lane.sum()
+
+        @triton.jit
+        def reduced_by_method(hdr_ptr, want):
+            lane = tl.arange(0, 128)
+            word = tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True).sum()
+            while word != want:
+                word = tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True).sum()
+        """)
+    assert [(f.function, f.names) for f in found] == [("cast_of_a_load", ("hdr",)), ("method_reduction", ("hdr",))]
+    assert "sum" in found[1].barrier
+
+
 def test_the_same_loop_exiting_on_a_reduction_or_without_a_barrier_passes(tmp_path):
     assert _findings(tmp_path, """
         @triton.jit
