@@ -470,9 +470,10 @@ def _lead_take_request(hdr_ptr, hdr_h_ptr, stop_ptr, pay_i_ptr, pay_f_ptr, pay_h
             tl.store(pay_i_ptr + k * PW + MAX_B + b, ps, mask=bm)
             tl.store(pay_f_ptr + k * (2 * PW) + ROWS_AT + q, rows, mask=qm)
             tl.debug_barrier()  # the lead's own threads read the device slot after this
-    # uniform: every warp left its poll on the same header word -- the one sum's in the inline build; in
-    # the other, each warp's own sight of the word, which stays until this request is answered (the stop
-    # flag is raised with nothing in flight, so no warp can leave on it while another sees a header)
+    # uniform: without inline reads each warp leaves its poll on its own sight of the header word, which
+    # stays until this request is answered (the stop flag is raised with nothing in flight, so no warp
+    # leaves on it while another sees a header); the inline build's poll loop is checked on its own and
+    # breaks the rule until docs/pending/0001-issue-13-lead-poll.patch lands
     return kind, n
 
 
