@@ -220,9 +220,14 @@ def expectations(frames: list[list[bytes]]) -> dict:
         if len(f) != 2 or len(f[0]) != 4:
             continue
         try:
-            peek = msgpack.unpackb(f[1], raw=True, strict_map_key=False, ext_hook=_any_ext)
+            # arrays as tuples (use_list=False): an array used as a map key is hashable then, as the
+            # service's untyped msgspec peek reads it -- a mutated quote whose book became a map with
+            # such a key still names its instrument and seq to both (seed 4502: instrument 2, seq 18)
+            peek = msgpack.unpackb(f[1], raw=True, strict_map_key=False, ext_hook=_any_ext, use_list=False)
         except Exception:  # noqa: BLE001 - not msgpack
             peek = None
+        if isinstance(peek, tuple):
+            peek = list(peek)
         if isinstance(peek, list) and peek and peek[0] == 5:  # an EventBatch's tag
             events, pairs = batch_events(f[1], dec)
             if events >= 0:
@@ -326,6 +331,7 @@ def main() -> int:
         "mergeable_pairs": exp["mergeable"], "seconds": elapsed, "exit_code": code,
         "final_status": got_final, "rejected_answered": len(answered),
         "readable_invalid_expected_at_least": exp["readable_invalid"], "phantom_answers": len(phantom),
+        "phantom_examples": [list(x) for x in phantom[:5]],
         "received": final.received if final else None, "rejected": final.rejected if final else None,
         "decided": final.decided if final else None, "pending": final.pending if final else None,
         "rejected_by_reason": {r.name: final.rejected_by_reason[r] for r in Reason

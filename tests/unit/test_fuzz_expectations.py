@@ -19,3 +19,17 @@ def test_a_reset_with_an_undecodable_string_in_a_trailing_field_is_not_an_event(
     for topic, not_events in ((topic_for(4), 1), (SERVICE_TOPIC, 1), (topic_for(34), 0)):
         exp = expectations([[topic, payload]])
         assert (exp["not_events"], exp["batch_extra"], exp["mergeable"]) == (not_events, 0, 0), topic
+
+
+def test_a_quote_whose_map_has_an_array_key_names_its_instrument_and_seq_to_both_sides():
+    """Seed 4502 mutated a Quote's fields into a map keyed by an array ({[32]: 32, 32: 0}): the
+    service's untyped msgspec peek reads the array key as a tuple and answers the rejected frame
+    with its instrument and seq (2, 18); the fuzzer's msgpack peek, arrays as lists, failed on the
+    unhashable key and called that answer a phantom. Both read it now."""
+    from hft_infer.ingest_cold import _peek
+
+    payload = bytes.fromhex("98010212248291202020000ac4040000c842ff")  # [1, 2, 18, 36, {(32,): 32, 32: 0}, 10, ...]
+    assert _peek(payload)[:3] == [1, 2, 18]
+    exp = expectations([[topic_for(29), payload]])
+    assert (2, 18) in exp["readable"]
+    assert exp["readable_invalid"] == 1  # not a Quote the schema reads: rejected, and it must be answered
