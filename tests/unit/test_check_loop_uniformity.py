@@ -27,67 +27,37 @@ def _findings(tmp_path, body: str, name: str = "k.py"):
     return check([str(path)])
 
 
-def test_a_barrier_loop_exiting_on_a_per_warp_load_is_flagged(tmp_path):
-    found = _findings(tmp_path, """
-        @triton.jit
-        def poll(hdr_ptr, want):
-            lane = tl.arange(0, 128)
-            hdr = tl.load(hdr_ptr, volatile=True)
-            while hdr != want:
-                hdr = tl.load(hdr_ptr, volatile=True)
-                seen = tl.sum(lane)
-            return hdr
-        """)
-    assert [(f.function, f.names) for f in found] == [("poll", ("hdr",))]
-    assert "tl.sum" in found[0].barrier and found[0].line == 9  # the while (HEAD is 3 lines, then a blank)
+POLL = """
+    @triton.jit
+    def poll(hdr_ptr, want):
+        lane = tl.arange(0, 128)
+        hdr = {load}
+        while hdr != want:
+            hdr = {load}
+            {body}
+    """
+LOAD = "tl.load(hdr_ptr, volatile=True)"
+ONE_LOAD = "tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True)"
 
 
-def test_method_calls_carry_their_receiver_and_reductions_as_methods_count(tmp_path):
-    found = _findings(tmp_path, """
-        @triton.jit
-        def cast_of_a_load(hdr_ptr, want):
-            lane = tl.arange(0, 128)
-            hdr = tl.load(hdr_ptr, volatile=True).to(tl.int64)
-            while hdr != want:
-                hdr = tl.load(hdr_ptr, volatile=True).to(tl.int64)
-                tl.debug_barrier()
-
-        @triton.jit
-        def method_reduction(hdr_ptr, want):
-            lane = tl.arange(0, 128)
-            hdr = tl.load(hdr_ptr, volatile=True)
-            while hdr != want:
-                hdr = tl.load(hdr_ptr, volatile=True)
-                seen = lane.sum()
-
-        @triton.jit
-        def reduced_by_method(hdr_ptr, want):
-            lane = tl.arange(0, 128)
-            word = tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True).sum()
-            while word != want:
-                word = tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True).sum()
-        """)
-    assert [(f.function, f.names) for f in found] == [("cast_of_a_load", ("hdr",)), ("method_reduction", ("hdr",))]
-    assert "sum" in found[1].barrier
+@pytest.mark.parametrize("load, body, flagged", [
+    (LOAD, "seen = tl.sum(lane)", True),  # a per-warp load, a reduction in the loop: the bug of wave 47
+    (LOAD + ".to(tl.int64)", "tl.debug_barrier()", True),  # a method call carries its receiver's value
+    (LOAD, "seen = lane.sum()", True),  # a reduction written as a tensor method is a barrier too
+    (LOAD, "hdr = hdr + 0", False),  # no barrier in the loop: each warp may leave on its own
+    (f"tl.sum({ONE_LOAD})", "tl.debug_barrier()", False),  # one thread's load, summed: the same everywhere
+    (f"{ONE_LOAD}.sum()", "seen = lane.sum()", False),
+], ids=["load+sum", "cast+barrier", "method-sum", "no-barrier", "summed", "method-summed"])
+def test_a_barrier_loop_must_exit_on_a_uniform_value(tmp_path, load, body, flagged):
+    found = _findings(tmp_path, POLL.format(load=load, body=body))
+    assert [(f.function, f.names) for f in found] == ([("poll", ("hdr",))] if flagged else [])
+    if flagged:
+        assert found[0].line == 9  # the while (HEAD is 3 lines, then a blank)
+        assert ("sum" if "sum" in body else "debug_barrier") in found[0].barrier
 
 
-def test_the_same_loop_exiting_on_a_reduction_or_without_a_barrier_passes(tmp_path):
+def test_a_zero_made_from_a_load_is_uniform(tmp_path):
     assert _findings(tmp_path, """
-        @triton.jit
-        def poll_reduced(hdr_ptr, want):
-            lane = tl.arange(0, 128)
-            word = tl.sum(tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True))
-            while word != want:
-                word = tl.sum(tl.load(hdr_ptr + lane * 0, mask=lane == 0, other=0, volatile=True))
-            return word
-
-        @triton.jit
-        def poll_no_barrier(hdr_ptr, want):
-            hdr = tl.load(hdr_ptr, volatile=True)
-            while hdr != want:
-                hdr = tl.load(hdr_ptr, volatile=True)
-            return hdr
-
         @triton.jit
         def zero_from_a_load(ptr):
             r = tl.load(ptr, volatile=True) * 0
