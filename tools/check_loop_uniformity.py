@@ -64,8 +64,8 @@ class Finding:
 
 
 def _tl_call(node: ast.AST) -> str | None:
-    """"sum" for `tl.sum(x)` (triton.language imported as tl) and for the tensor method `x.sum()`
-    (Triton's tensors carry the reductions as methods too), else None."""
+    """The name of a `tl.` call (`tl.sum(x)`: "sum"; triton.language imported as tl), or of a
+    reduction or barrier written as a tensor method (`x.sum()`: "sum"), else None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         f = node.func
         if isinstance(f.value, ast.Name) and f.value.id == "tl":
