@@ -45,9 +45,9 @@ nothing; the lead, which polls the pinned header beside the device one (one PCIe
 thread 0 alone: `_lead_take_request`), reads the slot's slots, positions and rows from pinned
 memory in place (three loads in flight at once, one element a thread, issued after the header was
 seen, which x86 wrote after them -- after it in time: no acquire orders the other warps' loads after
-thread 0's sight of it; wave 47 ruled it out as the divergence's cause, docs/notes/kernels.md) and stores
-them into the device slot before it publishes the request, so every other program reads device
-memory as before. What it
+thread 0's sight of it; wave 47 traced the divergence to the poll loop instead, docs/notes/kernels.md)
+and stores them into the device slot before it publishes the request, so every other program reads
+device memory as before. What it
 saves: the copy graph's launch on the host (~3.8 µs) and its two copies; what it costs: the PCIe
 reads on the lead (~1 µs each, docs/notes/kernels.md).
 

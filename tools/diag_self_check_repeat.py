@@ -183,7 +183,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     variants = a.variants if a.engine == "persistent" else ["default"]
-    if a.engine == "persistent" if a.isolate is None else a.isolate:
+    isolate = a.engine == "persistent" if a.isolate is None else a.isolate
+    if isolate:
         for v in variants:  # one process a variant: a kernel that stops answering takes its process with it
             cmd = [sys.executable, __file__, "--no-isolate", "--engine", a.engine, "--variants", v, "--preset",
                    a.preset, "--slots", str(a.slots), "--programs", str(a.programs), "--repeat", str(a.repeat),

@@ -444,6 +444,18 @@ engines_pair() {  # engines_pair K MODELS TIMEOUT [BATCHES]: bench_engines' grap
   engines_ab "$k" "$t" --quick --engines graph,persistent --models "$models" --batches "$batches"
 }
 
+lead_poll_checks() {  # wave47b, wave48: the landing tests with the persistent kernel test, then the self-check
+  # stream where wave 47 saw wrong scores and a stuck kernel (33 programs, each variant in a process of its own)
+  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
+  step diag_self_check 100 $PY tools/diag_self_check_repeat.py --repeat 150 --programs 33 --variant-timeout 48 \
+       --variants default,narrow
+}
+
+lead_poll_price() {  # wave47c, wave48: lstm_a's engine rows against BASE_TGZ's (main: the poll before the fix)
+  setup_base
+  engines_ab 1 60 --quick --engines persistent --models lstm_a/window --batches 1,2,8
+}
+
 chain_alternation11() {  # wave 31: shards11 with runner.chain_steps on, off, on, off (steps shards11_chain, _one,
   # _chainb, _oneb), then the summary with each one's table after any steps named in "$@"
   local v
@@ -2155,12 +2167,8 @@ elif [ "$phase" = wave47 ]; then
   verbatim diag_self_check diag_self_check_all
 elif [ "$phase" = wave47b ]; then
   # the lead's CTA-uniform poll (wave 47: warps leaving the inline build's poll loop at different polls put their
-  # barriers out of step): the self-check stream where wave 47 saw wrong scores and a stuck kernel (33 programs,
-  # each variant in a process of its own), after the landing tests with the persistent kernel test (first: a landing
-  # needs them)
-  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
-  step diag_self_check 100 $PY tools/diag_self_check_repeat.py --repeat 150 --programs 33 --variant-timeout 48 \
-       --variants default,narrow
+  # barriers out of step): the landing tests first (a landing needs them), then the self-check stream
+  lead_poll_checks
   summarize
   verbatim diag_self_check gpu_tests
 elif [ "$phase" = wave47d ]; then
@@ -2173,17 +2181,13 @@ elif [ "$phase" = wave48 ]; then
   # landing docs/pending/0001-issue-13-lead-poll.patch in one call: wave47b (the landing tests with the persistent
   # kernel test, then the self-check stream 150 times a variant), then wave47c (lstm_a's rows against BASE_TGZ's,
   # main without the patch: the poll's price)
-  gpu_tests 300 "${LANDING_TESTS[@]}" tests/kernels/test_kernel_persistent.py
-  step diag_self_check 100 $PY tools/diag_self_check_repeat.py --repeat 150 --programs 33 --variant-timeout 48 \
-       --variants default,narrow
-  setup_base
-  engines_ab 1 60 --quick --engines persistent --models lstm_a/window --batches 1,2,8
+  lead_poll_checks
+  lead_poll_price
   summarize
   verbatim gpu_tests diag_self_check engines_new1 engines_base1
 elif [ "$phase" = wave47c ]; then
   # lstm_a's rows against BASE_TGZ's (main) to price the CTA-uniform poll
-  setup_base
-  engines_ab 1 60 --quick --engines persistent --models lstm_a/window --batches 1,2,8
+  lead_poll_price
   summarize
   verbatim engines_new1 engines_base1
 elif [ "$phase" = wave45m ]; then

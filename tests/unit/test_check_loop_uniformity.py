@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import check_loop_uniformity
 import pytest
 from check_loop_uniformity import check, default_paths, main
 
@@ -161,7 +162,6 @@ def test_the_project_kernels_break_the_rule_only_where_a_fix_is_pending():
 
 
 def test_the_tool_runs_as_a_script():
-    tool = os.path.join(os.path.dirname(default_paths()[0]), "..", "tools", "check_loop_uniformity.py")
-    proc = subprocess.run([sys.executable, tool], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, check_loop_uniformity.__file__], capture_output=True, text=True, timeout=120)
     assert proc.returncode == (1 if KNOWN_PENDING else 0), proc.stdout + proc.stderr
     assert f"{len(KNOWN_PENDING)} loop(s) break the rule" in proc.stdout
